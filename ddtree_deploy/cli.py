@@ -1,0 +1,59 @@
+"""The ddtree-deploy command line: thin (parse, call, render).
+
+Every command shares the exit codes of errors.ExitCode; a DeployError becomes its
+message and exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from ddtree_deploy import __version__, cli_lab
+from ddtree_deploy.errors import DeployError
+
+app = typer.Typer(
+    name="ddtree-deploy",
+    help="Get a DDTree speculative-decoding build of SGLang running on GPU hosts over SSH.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(cli_lab.app, name="lab")
+
+err = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddtree-deploy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    hosts: str = typer.Option(None, "--hosts", metavar="FILE",
+                              help="hosts file (default: $DDTREE_DEPLOY_HOSTS, ./hosts.yaml, "
+                                   "XDG config, the embedded lab file)"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
+) -> None:
+    ctx.obj = {"hosts": hosts}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point; typer handles usage errors (exit 2) and exits itself."""
+    try:
+        app(args=argv)
+    except DeployError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

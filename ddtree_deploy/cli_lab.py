@@ -1,0 +1,72 @@
+"""`ddtree-deploy lab up | down | status` (thin: parse, call, render)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ddtree_deploy.errors import ExitCode
+
+app = typer.Typer(help="The local lab: systemd-nspawn hosts ct129 and ct200 (a rehearsal).",
+                  no_args_is_help=True)
+err = Console(stderr=True)
+out = Console()
+
+
+def _say(msg: str) -> None:
+    err.print(f"[dim]lab:[/dim] {msg}")
+
+
+@app.command()
+def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
+                                 help="add N more hosts like ct200 (ct201, ...)")) -> None:
+    """Bring the lab up (clearing leftovers of an earlier run first)."""
+    from ddtree_deploy.lab import manager
+
+    with err.status("lab up ..."):
+        hosts = manager.up(extra=extra, report=_say)
+    table = Table(title="lab hosts")
+    for col in ("host", "address", "GPUs", "venvs"):
+        table.add_column(col)
+    for h in hosts:
+        table.add_row(h.name, h.address, f"{len(h.gpus)}x {h.gpus[0].name}",
+                      ", ".join(v.path for v in h.venvs))
+    out.print(table)
+
+
+@app.command()
+def down(purge: bool = typer.Option(False, "--purge",
+                                    help="also remove the caches (rootfs, wheels) and lab keys")
+         ) -> None:
+    """Take the lab down: no containers, mounts, namespaces or daemons are left."""
+    from ddtree_deploy.lab import manager
+
+    removed = manager.down(purge=purge, report=_say)
+    out.print(f"lab down: removed {len(removed)} items" if removed else "lab down: nothing to do")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show each lab host: container running, sshd answering."""
+    from ddtree_deploy.lab import manager
+
+    rows = manager.status()
+    if as_json:
+        out.print_json(json.dumps([asdict(r) for r in rows]))
+    else:
+        table = Table(title="lab status")
+        for col in ("host", "address", "container", "ssh"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r.name, r.address, f"running (pid {r.pid})" if r.running else "stopped",
+                          "up" if r.ssh else "down")
+        out.print(table if rows else "lab is down")
+    if rows and not all(r.running and r.ssh for r in rows):
+        raise typer.Exit(int(ExitCode.FAILED))
+    if not rows:
+        raise typer.Exit(int(ExitCode.FAILED))
+

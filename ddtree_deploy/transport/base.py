@@ -1,0 +1,397 @@
+"""Commands, results and the transport protocol every host connection speaks.
+
+A `Command` is data: an argv tuple plus optional sudo, env, cwd, stdin and the
+secret values to hide. It renders to one POSIX-shell-safe string: every element
+is quoted, so hostile values are passed as data and never executed.
+
+`ExecTransport` implements the whole `Transport` protocol on top of one
+primitive, `_exec` (run a shell string, stream stdin in and stdout out); the
+local and the SSH transport only provide that primitive.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import BinaryIO, Protocol, runtime_checkable
+
+from ddtree_deploy.errors import CommandTimeout, RemoteCommandError, SudoError
+
+CHUNK = 256 * 1024
+KILL_AFTER = 2.0  # seconds between TERM and KILL once a command's timeout passes
+BACKSTOP = 3.0  # extra seconds the caller waits before giving up on the far side
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+MASK = "***"
+
+
+def _mask(text: str, secrets: Iterable[str]) -> str:
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+@dataclass(frozen=True)
+class Command:
+    """One program run with arguments; never interpolated into shell code."""
+
+    argv: tuple[str, ...]
+    sudo: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    stdin: bytes | None = None
+    secrets: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        argv = tuple(self.argv)
+        if not argv:
+            raise ValueError("a Command needs at least the program name")
+        for value in (*argv, *self.env.keys(), *self.env.values(), self.cwd or ""):
+            if not isinstance(value, str):
+                raise TypeError(f"command values must be str, got {type(value).__name__}")
+            if "\0" in value:
+                raise ValueError("command values cannot contain NUL bytes")
+        for name in self.env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"invalid environment variable name: {name!r}")
+        if self.env and "=" in argv[0]:
+            raise ValueError(f"program name cannot contain '=' with env set: {argv[0]!r}")
+        object.__setattr__(self, "argv", argv)
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "secrets", frozenset(self.secrets))
+
+    @classmethod
+    def of(cls, *argv: str, **kwargs: object) -> Command:
+        """`Command.of("ls", "-l", cwd="/tmp")`: argv given positionally."""
+        return cls(argv=argv, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def shell(cls, script: str, *args: str, **kwargs: object) -> Command:
+        """A shell script whose values arrive as "$1", "$2", ... (never interpolated)."""
+        return cls(argv=("sh", "-c", script, "sh", *args), **kwargs)  # type: ignore[arg-type]
+
+    def render(self, *, sudo: bool | None = None, timeout: float | None = None) -> str:
+        """The command as one POSIX shell string.
+
+        `sudo` overrides the command's own flag (a transport passes False when
+        it already runs as root); `timeout` wraps the program in coreutils
+        `timeout`, which kills the whole process group when the time is up.
+        """
+        return self._render(self.argv, self.env, self.cwd, sudo, timeout)
+
+    def display(self) -> str:
+        """The rendered command with every secret value replaced by '***'."""
+        argv = tuple(_mask(a, self.secrets) for a in self.argv)
+        env = {k: _mask(v, self.secrets) for k, v in self.env.items()}
+        cwd = _mask(self.cwd, self.secrets) if self.cwd is not None else None
+        return self._render(argv, env, cwd, None, None)
+
+    def _render(
+        self,
+        argv: tuple[str, ...],
+        env: Mapping[str, str],
+        cwd: str | None,
+        sudo: bool | None,
+        timeout: float | None,
+    ) -> str:
+        words: list[str] = []
+        if sudo if sudo is not None else self.sudo:
+            words += ["sudo", "-n", "--"]
+        if timeout is not None:
+            words += ["timeout", "-k", f"{KILL_AFTER:g}", f"{max(timeout, 0.001):.3f}"]
+        if env:
+            words += ["env", *(f"{k}={v}" for k, v in env.items())]
+        words += argv
+        line = " ".join(shlex.quote(w) for w in words)
+        if timeout is not None:
+            line = "exec " + line
+        if cwd is not None:
+            target = cwd if not cwd.startswith("-") else "./" + cwd
+            line = f"cd -- {shlex.quote(target)} && {line}"
+        return line
+
+
+def wrap_raw(script: str, *, timeout: float | None) -> str:
+    """A raw shell line (a plain str given to run), bounded by `timeout` if set."""
+    if timeout is None:
+        return script
+    limit = f"{max(timeout, 0.001):.3f}"
+    return f"exec timeout -k {KILL_AFTER:g} {limit} sh -c {shlex.quote(script)}"
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished command left behind. `command` is the display form."""
+
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    host: str = ""
+    secrets: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self) -> Result:
+        """Return self when the command succeeded, else raise RemoteCommandError."""
+        if self.ok:
+            return self
+        tail = _mask("\n".join(self.stderr.strip().splitlines()[-15:])[-2000:], self.secrets)
+        where = f"{self.host}: " if self.host else ""
+        message = f"{where}command exited {self.exit_code}: {self.command}"
+        if tail:
+            message += "\n" + "\n".join("  | " + line for line in tail.splitlines())
+        raise RemoteCommandError(message)
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """A narrow channel to one host: run commands, stream files and tar pipes."""
+
+    host: str
+
+    def run(self, cmd: Command | str, *, timeout: float | None = None) -> Result: ...
+
+    def put_stream(self, src: BinaryIO, remote_path: str, *, mode: int | None = None) -> int: ...
+
+    def get_stream(self, remote_path: str, dst: BinaryIO) -> int: ...
+
+    def run_stream_in(
+        self, cmd: Command | str, src: BinaryIO, *, timeout: float | None = None
+    ) -> Result: ...
+
+    def run_stream_out(
+        self, cmd: Command | str, dst: BinaryIO, *, timeout: float | None = None
+    ) -> Result: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Transport: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+@dataclass
+class RawOutcome:
+    """What `_exec` reports: exit code (None if it never came), stdout and stderr."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    duration: float
+    timed_out: bool = False
+
+
+class _CountingReader(io.RawIOBase):
+    """Wraps a source so the bytes actually read can be counted."""
+
+    def __init__(self, src: BinaryIO) -> None:
+        self._src = src
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._src.read(size)
+        self.count += len(data)
+        return data
+
+
+class ExecTransport(ABC):
+    """Everything of `Transport` built on one primitive, `_exec`."""
+
+    host: str
+
+    @abstractmethod
+    def _exec(
+        self,
+        script: str,
+        *,
+        stdin: BinaryIO | None,
+        stdout: BinaryIO | None,
+        deadline: float | None,
+    ) -> RawOutcome:
+        """Run `script` with the far side's POSIX shell.
+
+        stdin: streamed in and then closed (None: empty input); stdout: where
+        standard output goes (None: collect it into the outcome). `deadline` is
+        the monotonic time after which the command is killed and the outcome
+        is marked timed_out.
+        """
+
+    @abstractmethod
+    def _is_root(self) -> bool:
+        """Whether commands already run as root on the far side."""
+
+    def close(self) -> None:  # pragma: no cover - overridden where there is state
+        return None
+
+    def __enter__(self) -> ExecTransport:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- running ------------------------------------------------------------
+
+    def _go(
+        self,
+        cmd: Command | str,
+        *,
+        stdin: BinaryIO | None,
+        stdout: BinaryIO | None,
+        timeout: float | None,
+    ) -> Result:
+        if isinstance(cmd, Command):
+            use_sudo = cmd.sudo and not self._is_root()
+            script = cmd.render(sudo=use_sudo, timeout=timeout)
+            shown, secrets = cmd.display(), cmd.secrets
+            if stdin is None and cmd.stdin is not None:
+                stdin = io.BytesIO(cmd.stdin)
+        else:
+            use_sudo = False
+            script, shown, secrets = wrap_raw(cmd, timeout=timeout), cmd, frozenset()
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout + KILL_AFTER + BACKSTOP
+        raw = self._exec(script, stdin=stdin, stdout=stdout, deadline=deadline)
+        duration = time.monotonic() - start
+        stderr = decode(raw.stderr)
+        timed_out = raw.timed_out or (
+            timeout is not None and raw.exit_code == 124 and duration >= timeout * 0.9
+        )
+        if timed_out:
+            raise CommandTimeout(
+                f"{self.host}: command did not finish within {timeout:g}s and was killed: "
+                f"{shown}"
+            )
+        code = raw.exit_code if raw.exit_code is not None else -1
+        if use_sudo:
+            _check_sudo(self.host, code, stderr)
+        return Result(
+            command=shown,
+            exit_code=code,
+            stdout=decode(raw.stdout),
+            stderr=stderr,
+            duration=duration,
+            host=self.host,
+            secrets=secrets,
+        )
+
+    def run(self, cmd: Command | str, *, timeout: float | None = None) -> Result:
+        return self._go(cmd, stdin=None, stdout=None, timeout=timeout)
+
+    def run_stream_in(
+        self, cmd: Command | str, src: BinaryIO, *, timeout: float | None = None
+    ) -> Result:
+        """Run `cmd` with `src` streamed to its standard input (e.g. `tar -x`)."""
+        return self._go(cmd, stdin=src, stdout=None, timeout=timeout)
+
+    def run_stream_out(
+        self, cmd: Command | str, dst: BinaryIO, *, timeout: float | None = None
+    ) -> Result:
+        """Run `cmd` with its standard output streamed into `dst` (e.g. `tar -c`)."""
+        return self._go(cmd, stdin=None, stdout=dst, timeout=timeout)
+
+    # -- files --------------------------------------------------------------
+
+    def put_stream(
+        self,
+        src: BinaryIO,
+        remote_path: str,
+        *,
+        mode: int | None = None,
+        sudo: bool = False,
+    ) -> int:
+        """Stream `src` into `remote_path` via a temporary name and a rename."""
+        tmp = f"{remote_path}.ddtree-tmp-{uuid.uuid4().hex[:12]}"
+        script = (
+            'if [ -n "$3" ]; then umask 077; fi; '
+            'if ! cat > "$2"; then rm -f -- "$2"; exit 1; fi; '
+            'if [ -n "$3" ] && ! chmod "$3" "$2"; then rm -f -- "$2"; exit 1; fi; '
+            'mv -f -- "$2" "$1" || { rm -f -- "$2"; exit 1; }'
+        )
+        octal = "" if mode is None else format(mode, "o")
+        counter = _CountingReader(src)
+        cmd = Command.shell(script, _safe_path(remote_path), _safe_path(tmp), octal, sudo=sudo)
+        result = self.run_stream_in(cmd, counter)  # type: ignore[arg-type]
+        if not result.ok:
+            raise RemoteCommandError(
+                f"{self.host}: could not write {remote_path}: "
+                f"{result.stderr.strip() or f'exit code {result.exit_code}'}"
+            )
+        return counter.count
+
+    def get_stream(self, remote_path: str, dst: BinaryIO, *, sudo: bool = False) -> int:
+        """Stream the far file `remote_path` into `dst`; returns the bytes written."""
+        counter = _CountingWriter(dst)
+        cmd = Command(("cat", "--", remote_path), sudo=sudo)
+        result = self.run_stream_out(cmd, counter)  # type: ignore[arg-type]
+        if not result.ok:
+            raise RemoteCommandError(
+                f"{self.host}: could not read {remote_path}: "
+                f"{result.stderr.strip() or f'exit code {result.exit_code}'}"
+            )
+        return counter.count
+
+
+class _CountingWriter(io.RawIOBase):
+    def __init__(self, dst: BinaryIO) -> None:
+        self._dst = dst
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self._dst.write(data)
+        self.count += len(data)
+        return len(data)
+
+
+def _safe_path(path: str) -> str:
+    return "./" + path if path.startswith("-") else path
+
+
+_SUDO_PASSWORD = ("a password is required", "a terminal is required")
+
+
+def _check_sudo(host: str, code: int, stderr: str) -> None:
+    """Turn sudo's own refusals into SudoError; the command's failures pass through."""
+    if code == 0:
+        return
+    low = stderr.lower()
+    if code == 1 and "sudo:" in low and any(t in low for t in _SUDO_PASSWORD):
+        raise SudoError(
+            f"{host}: sudo wants a password for this user (sudo -n refused)",
+            hint="allow passwordless sudo for the deploy user (NOPASSWD in sudoers) "
+            "or connect as root",
+        )
+    if code == 127 and "sudo" in low and ("not found" in low or "no such file" in low):
+        raise SudoError(
+            f"{host}: sudo is not installed and the user is not root",
+            hint="install sudo on the host or connect as root",
+        )

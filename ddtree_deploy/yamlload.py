@@ -1,0 +1,215 @@
+"""Read a YAML file into plain Python values, remembering the line of every node.
+
+PyYAML's own loaders forget where values came from and silently keep the last
+of two equal keys. Here the file is composed into nodes (which carry marks) and
+converted by hand, so that:
+
+- every mapping key and value has a 1-based line, addressed by its path
+  (``("hosts", "ct200", "port")``, list items by index);
+- a key given twice in one mapping is reported (not silently overwritten);
+- syntax errors, an empty file and bytes that are not UTF-8 become a
+  ConfigError naming the file, line and column.
+
+Scalars are typed by the safe loader's rules (``22`` is an int, ``true`` a bool,
+``null`` None); tags other than the standard ones are refused by the safe
+constructor and reported as problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from ddtree_deploy.errors import ConfigError
+
+PathKey = tuple[str | int, ...]
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a file: where (line, field path) and what."""
+
+    line: int
+    path: PathKey
+    message: str
+
+    def render(self, file: str) -> str:
+        where = dotted(self.path)
+        return f"{file}:{self.line}: {where}: {self.message}" if where else (
+            f"{file}:{self.line}: {self.message}"
+        )
+
+
+@dataclass
+class LoadedYaml:
+    """A document as plain values plus the line of each key and value."""
+
+    data: Any
+    key_lines: dict[PathKey, int] = field(default_factory=dict)
+    value_lines: dict[PathKey, int] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def line_of(self, path: PathKey) -> int:
+        """Line of the node at ``path``; for a missing node, the line of its nearest parent.
+
+        A mapping entry is located by its key (the line a reader looks at for
+        ``venvs:``), a list item by its first line.
+        """
+        probe = tuple(path)
+        while probe:
+            if probe in self.key_lines:
+                return self.key_lines[probe]
+            if probe in self.value_lines:
+                return self.value_lines[probe]
+            probe = probe[:-1]
+        return self.value_lines.get((), 1)
+
+
+def dotted(path: PathKey) -> str:
+    """``("deployments", "x", "extra_args", 2)`` -> ``deployments.x.extra_args[2]``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _describe_key(key: Any) -> str:
+    return repr(key) if isinstance(key, str) else str(key)
+
+
+class _Builder:
+    def __init__(self, result: LoadedYaml) -> None:
+        self.result = result
+        self.constructor = yaml.SafeLoader("")  # used only to type scalars
+
+    def build(self, node: Node, path: PathKey) -> Any:
+        self.result.value_lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, ScalarNode):
+            return self._scalar(node, path)
+        if isinstance(node, SequenceNode):
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        if isinstance(node, MappingNode):
+            return self._mapping(node, path)
+        self._problem(node, path, f"unsupported YAML node {type(node).__name__}")
+        return None
+
+    def _problem(self, node: Node, path: PathKey, message: str) -> None:
+        self.result.problems.append(Problem(node.start_mark.line + 1, path, message))
+
+    def _scalar(self, node: ScalarNode, path: PathKey) -> Any:
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            self._problem(node, path, f"cannot read this value: {problem}")
+            return None
+
+    def _mapping(self, node: MappingNode, path: PathKey) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        first_line: dict[Any, int] = {}
+        merged: list[tuple[Node, Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == MERGE_TAG:
+                merged.extend(self._merge_sources(value_node, path))
+                continue
+            key = self.build_key(key_node, path)
+            if key is None and not isinstance(key_node, ScalarNode):
+                continue
+            line = key_node.start_mark.line + 1
+            sub = (*path, key if isinstance(key, str | int) else str(key))
+            if key in first_line:
+                self._problem(
+                    key_node,
+                    sub,
+                    f"duplicate key {_describe_key(key)} (first given on line {first_line[key]})",
+                )
+                continue
+            first_line[key] = line
+            self.result.key_lines[sub] = line
+            out[key] = self.build(value_node, sub)
+        # `<<: *anchor` entries fill in keys the mapping did not give itself.
+        for key_node, value_node in merged:
+            key = self.build_key(key_node, path)
+            if key in out or key in first_line:
+                continue
+            sub = (*path, key if isinstance(key, str | int) else str(key))
+            first_line[key] = key_node.start_mark.line + 1
+            self.result.key_lines[sub] = first_line[key]
+            out[key] = self.build(value_node, sub)
+        return out
+
+    def build_key(self, key_node: Node, path: PathKey) -> Any:
+        if not isinstance(key_node, ScalarNode):
+            self._problem(key_node, path, "a mapping key must be a plain value, not a list or mapping")
+            return None
+        key = self._scalar(key_node, path)
+        if not isinstance(key, Hashable):
+            self._problem(key_node, path, "a mapping key must be a plain value")
+            return None
+        return key
+
+    def _merge_sources(self, value_node: Node, path: PathKey) -> list[tuple[Node, Node]]:
+        sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+        pairs: list[tuple[Node, Node]] = []
+        for source in sources:
+            if not isinstance(source, MappingNode):
+                self._problem(source, path, "'<<' must refer to a mapping")
+                continue
+            pairs.extend(source.value)
+        return pairs
+
+
+def _decode(raw: bytes, file: str) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        bad = raw[exc.start : exc.start + 1].hex()
+        raise ConfigError(
+            f"{file}:{line}: not a UTF-8 text file (byte 0x{bad} at offset {exc.start})"
+        ) from None
+
+
+def parse_yaml(text: str, file: str) -> LoadedYaml:
+    """Compose one YAML document from ``text`` (``file`` names it in messages)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        what = exc.problem or exc.context or "invalid YAML"
+        if mark is None:
+            raise ConfigError(f"{file}: YAML syntax error: {what}") from None
+        raise ConfigError(
+            f"{file}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {what}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: YAML syntax error: {exc}") from None
+    result = LoadedYaml(data=None)
+    if node is None:
+        return result
+    result.data = _Builder(result).build(node, ())
+    return result
+
+
+def load_yaml_file(path: Path) -> LoadedYaml:
+    """Read and parse ``path``; every failure is a ConfigError naming the file as given."""
+    file = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{file}: is a directory, expected a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    return parse_yaml(_decode(raw, file), file)
