@@ -1,0 +1,125 @@
+"""The transport for `localhost`: the same semantics as SSH, run with /bin/sh."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import IO, BinaryIO
+
+from ddtree_deploy.errors import TransportError
+from ddtree_deploy.transport.base import CHUNK, ExecTransport, RawOutcome
+
+_SHELL = "/bin/sh"
+
+
+def _pump_in(src: BinaryIO, pipe: IO[bytes]) -> None:
+    try:
+        while chunk := src.read(CHUNK):
+            pipe.write(chunk)
+    except (BrokenPipeError, ValueError):
+        pass  # the command stopped reading; its exit code tells the story
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _pump_out(pipe: IO[bytes], sink: BinaryIO | list[bytes]) -> None:
+    fd = pipe.fileno()
+    while chunk := os.read(fd, CHUNK):
+        if isinstance(sink, list):
+            sink.append(chunk)
+        else:
+            sink.write(chunk)
+
+
+class LocalTransport(ExecTransport):
+    """Runs commands on this machine, each in its own session (killable as a group)."""
+
+    def __init__(self, host: str = "localhost") -> None:
+        self.host = host
+
+    def _is_root(self) -> bool:
+        return os.geteuid() == 0
+
+    def close(self) -> None:
+        return None
+
+    def _exec(
+        self,
+        script: str,
+        *,
+        stdin: BinaryIO | None,
+        stdout: BinaryIO | None,
+        deadline: float | None,
+    ) -> RawOutcome:
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                [_SHELL, "-c", script],
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise TransportError(f"{self.host}: cannot start {_SHELL}: {exc}") from exc
+        assert proc.stdout is not None and proc.stderr is not None
+        out_chunks: list[bytes] = []
+        err_chunks: list[bytes] = []
+        threads = [
+            threading.Thread(
+                target=_pump_out,
+                args=(proc.stdout, stdout if stdout is not None else out_chunks),
+                daemon=True,
+            ),
+            threading.Thread(target=_pump_out, args=(proc.stderr, err_chunks), daemon=True),
+        ]
+        if stdin is not None:
+            assert proc.stdin is not None
+            threads.append(
+                threading.Thread(target=_pump_in, args=(stdin, proc.stdin), daemon=True)
+            )
+        for thread in threads:
+            thread.start()
+        timed_out = False
+        try:
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self._kill_group(proc)
+        except BaseException:
+            self._kill_group(proc)
+            raise
+        for thread in threads:
+            # A process that escaped the group may hold the pipes open: bounded join.
+            thread.join(timeout=5.0)
+        for pipe in (proc.stdout, proc.stderr, proc.stdin):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        return RawOutcome(
+            exit_code=None if timed_out else proc.returncode,
+            stdout=b"".join(out_chunks),
+            stderr=b"".join(err_chunks),
+            duration=time.monotonic() - start,
+            timed_out=timed_out,
+        )
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything ddtree-deploy and its lab need on a fresh Debian 12 machine, as root.
+# Idempotent: a second run changes nothing. Used by demo.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+UV_VERSION=0.13.9
+need_apt=()
+for cmd in systemd-nspawn:systemd-container debootstrap:debootstrap sshd:openssh-server \
+           ssh:openssh-client ip:iproute2 gcc:gcc readelf:binutils python3:python3 \
+           git:git; do
+  command -v "${cmd%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${cmd%%:*}" ] || need_apt+=("${cmd##*:}")
+done
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+[ -e /usr/include/stdio.h ] || need_apt+=(libc6-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" ca-certificates >/dev/null
+fi
+
+# uv builds the project's venv from uv.lock; it comes from PyPI into a venv of its own.
+UV=$(command -v uv || true)
+if [ -z "$UV" ] || [ "$("$UV" --version | awk '{print $2}')" != "$UV_VERSION" ]; then
+  if [ ! -x /opt/ddtree-deploy-uv/bin/uv ]; then
+    python3 -m venv /opt/ddtree-deploy-uv
+    /opt/ddtree-deploy-uv/bin/pip install -q "uv==$UV_VERSION"
+  fi
+  UV=/opt/ddtree-deploy-uv/bin/uv
+fi
+"$UV" sync --frozen --quiet
+echo "setup: ok ($(.venv/bin/ddtree-deploy --version))"
