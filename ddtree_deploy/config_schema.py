@@ -29,6 +29,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
     ValidationInfo,
     model_validator,
@@ -63,14 +64,17 @@ def expand_vars(raw: str, env: Mapping[str, str] | None = None) -> str:
     def one(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         if name is None:
-            raise ValueError(f"bad variable reference {match.group(0)!r}: use ${{NAME}} or "
-                             "${NAME:-default}")
+            raise ValueError(
+                f"bad variable reference {match.group(0)!r}: use ${{NAME}} or ${{NAME:-default}}"
+            )
         value = environ.get(name)
         if default is not None:
             return value if value else default
         if value is None:
-            raise ValueError(f"environment variable {name} is not set (write ${{{name}:-default}} "
-                             "to give a default)")
+            raise ValueError(
+                f"environment variable {name} is not set (write ${{{name}:-default}} "
+                "to give a default)"
+            )
         return value
 
     return _VAR_RE.sub(one, raw)
@@ -105,7 +109,7 @@ def _text(what: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, str):
             if isinstance(value, int | float):
-                raise ValueError(f"expected {what} in quotes (YAML read it as the number {value})")
+                raise ValueError(f"expected {what} in quotes (YAML reads this as a number)")
             raise ValueError(f"expected {what} (a string)")
         return value
 
@@ -206,16 +210,19 @@ ItemName = Annotated[
 RefName = Annotated[str, BeforeValidator(_text("a name"))]
 LocalPath = Annotated[Path, BeforeValidator(_local_path)]
 RemotePath = Annotated[PurePosixPath, BeforeValidator(_remote_path)]
-Address = Annotated[str, BeforeValidator(_text("a hostname or IP address")),
-                    AfterValidator(_address)]
+Address = Annotated[
+    str, BeforeValidator(_text("a hostname or IP address")), AfterValidator(_address)
+]
 SshName = Annotated[str, BeforeValidator(_text("a name")), AfterValidator(_no_space)]
 PepVersion = Annotated[str, BeforeValidator(_text("a version")), AfterValidator(_version)]
-PepRequirement = Annotated[str, BeforeValidator(_text("a requirement")),
-                           AfterValidator(_requirement)]
+PepRequirement = Annotated[
+    str, BeforeValidator(_text("a requirement")), AfterValidator(_requirement)
+]
 UnitStem = Annotated[str, BeforeValidator(_text("a unit name")), AfterValidator(_unit_stem)]
-PythonVersion = Annotated[str, BeforeValidator(_text('a Python version such as "3.11"')),
-                          AfterValidator(_python)]
-Sudo = Annotated[SudoMode, BeforeValidator(_sudo), Field(strict=False)]
+PythonVersion = Annotated[
+    str, BeforeValidator(_text('a Python version such as "3.11"')), AfterValidator(_python)
+]
+Sudo = Annotated[SudoMode, PlainValidator(_sudo)]
 
 
 class _Model(BaseModel):

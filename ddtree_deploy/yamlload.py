@@ -41,10 +41,10 @@ class Problem:
     message: str
 
     def render(self, file: str) -> str:
+        """``hosts.yaml:14: hosts.ct200.port: must be 1-65535, got 70000``."""
         where = dotted(self.path)
-        return f"{file}:{self.line}: {where}: {self.message}" if where else (
-            f"{file}:{self.line}: {self.message}"
-        )
+        prefix = f"{file}:{self.line}: "
+        return f"{prefix}{where}: {self.message}" if where else prefix + self.message
 
 
 @dataclass
@@ -55,6 +55,7 @@ class LoadedYaml:
     key_lines: dict[PathKey, int] = field(default_factory=dict)
     value_lines: dict[PathKey, int] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    unreadable: list[PathKey] = field(default_factory=list)  # values replaced by None
 
     def line_of(self, path: PathKey) -> int:
         """Line of the node at ``path``; for a missing node, the line of its nearest parent.
@@ -81,6 +82,11 @@ def dotted(path: PathKey) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out
+
+
+def path_part(key: Any) -> str:
+    """How a mapping key appears in a path: as text (``7:`` is "7"; list items are ints)."""
+    return key if isinstance(key, str) else str(key)
 
 
 def _describe_key(key: Any) -> str:
@@ -112,6 +118,7 @@ class _Builder:
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             self._problem(node, path, f"cannot read this value: {problem}")
+            self.result.unreadable.append(path)
             return None
 
     def _mapping(self, node: MappingNode, path: PathKey) -> dict[Any, Any]:
@@ -126,7 +133,7 @@ class _Builder:
             if key is None and not isinstance(key_node, ScalarNode):
                 continue
             line = key_node.start_mark.line + 1
-            sub = (*path, key if isinstance(key, str | int) else str(key))
+            sub = (*path, path_part(key))
             if key in first_line:
                 self._problem(
                     key_node,
@@ -136,13 +143,15 @@ class _Builder:
                 continue
             first_line[key] = line
             self.result.key_lines[sub] = line
+            if isinstance(key, int):  # validators name a key 7 by the integer
+                self.result.key_lines[(*path, key)] = line
             out[key] = self.build(value_node, sub)
         # `<<: *anchor` entries fill in keys the mapping did not give itself.
         for key_node, value_node in merged:
             key = self.build_key(key_node, path)
             if key in out or key in first_line:
                 continue
-            sub = (*path, key if isinstance(key, str | int) else str(key))
+            sub = (*path, path_part(key))
             first_line[key] = key_node.start_mark.line + 1
             self.result.key_lines[sub] = first_line[key]
             out[key] = self.build(value_node, sub)
@@ -150,7 +159,9 @@ class _Builder:
 
     def build_key(self, key_node: Node, path: PathKey) -> Any:
         if not isinstance(key_node, ScalarNode):
-            self._problem(key_node, path, "a mapping key must be a plain value, not a list or mapping")
+            self._problem(
+                key_node, path, "a mapping key must be a plain value, not a list or mapping"
+            )
             return None
         key = self._scalar(key_node, path)
         if not isinstance(key, Hashable):
@@ -187,6 +198,8 @@ def parse_yaml(text: str, file: str) -> LoadedYaml:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or exc.context or "invalid YAML"
+        if exc.problem and exc.context and not exc.context.startswith("while"):
+            what = f"{exc.context}, {exc.problem}"  # "expected a single document ..., but ..."
         if mark is None:
             raise ConfigError(f"{file}: YAML syntax error: {what}") from None
         raise ConfigError(

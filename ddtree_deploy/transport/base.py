@@ -281,12 +281,15 @@ class ExecTransport(ABC):
         duration = time.monotonic() - start
         stderr = decode(raw.stderr)
         timed_out = raw.timed_out or (
-            timeout is not None and raw.exit_code == 124 and duration >= timeout * 0.9
+            # coreutils timeout exits 124; when KILL was needed it dies with its group
+            # (128+9 locally, an exit-signal and no status over SSH).
+            timeout is not None
+            and raw.exit_code in (124, 137, None, -1)
+            and duration >= timeout * 0.9
         )
         if timed_out:
             raise CommandTimeout(
-                f"{self.host}: command did not finish within {timeout:g}s and was killed: "
-                f"{shown}"
+                f"{self.host}: command did not finish within {timeout:g}s and was killed: {shown}"
             )
         code = raw.exit_code if raw.exit_code is not None else -1
         if use_sudo:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
 import hashlib
 import hmac
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +60,12 @@ class _Entry:
     key: KnownKey
 
 
+def _glob(pattern: str) -> re.Pattern[str]:
+    """OpenSSH host patterns know only `*` and `?`; brackets are literal (`[addr]:port`)."""
+    body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile(body + r"\Z", re.DOTALL)
+
+
 def _match_field(field: str, name: str) -> bool:
     """Whether a known_hosts host field (comma list, hashes, patterns) names `name`."""
     name = name.lower()
@@ -74,7 +80,7 @@ def _match_field(field: str, name: str) -> bool:
     matched = False
     for pattern in field.lower().split(","):
         negated = pattern.startswith("!")
-        if fnmatch.fnmatchcase(name, pattern[1:] if negated else pattern):
+        if _glob(pattern[1:] if negated else pattern).match(name):
             if negated:
                 return False
             matched = True
@@ -190,9 +196,11 @@ def preferred_key_types(recorded: list[KnownKey]) -> list[str]:
     """Host key algorithms to offer so the server shows a key type we know."""
     types: list[str] = []
     for key in recorded:
-        names = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key.keytype == "ssh-rsa" else [
-            key.keytype
-        ]
+        names = (
+            ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]
+            if key.keytype == "ssh-rsa"
+            else [key.keytype]
+        )
         types += [n for n in names if n not in types]
     return types
 

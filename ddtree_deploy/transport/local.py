@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,10 +23,8 @@ def _pump_in(src: BinaryIO, pipe: IO[bytes]) -> None:
     except (BrokenPipeError, ValueError):
         pass  # the command stopped reading; its exit code tells the story
     finally:
-        try:
+        with contextlib.suppress(OSError):
             pipe.close()
-        except OSError:
-            pass
 
 
 def _pump_out(pipe: IO[bytes], sink: BinaryIO | list[bytes]) -> None:
@@ -35,6 +34,10 @@ def _pump_out(pipe: IO[bytes], sink: BinaryIO | list[bytes]) -> None:
             sink.append(chunk)
         else:
             sink.write(chunk)
+
+
+def _shell_status(code: int) -> int:
+    return 128 - code if code < 0 else code
 
 
 class LocalTransport(ExecTransport):
@@ -81,9 +84,7 @@ class LocalTransport(ExecTransport):
         ]
         if stdin is not None:
             assert proc.stdin is not None
-            threads.append(
-                threading.Thread(target=_pump_in, args=(stdin, proc.stdin), daemon=True)
-            )
+            threads.append(threading.Thread(target=_pump_in, args=(stdin, proc.stdin), daemon=True))
         for thread in threads:
             thread.start()
         timed_out = False
@@ -101,12 +102,11 @@ class LocalTransport(ExecTransport):
             thread.join(timeout=5.0)
         for pipe in (proc.stdout, proc.stderr, proc.stdin):
             if pipe is not None:
-                try:
+                with contextlib.suppress(OSError):
                     pipe.close()
-                except OSError:
-                    pass
         return RawOutcome(
-            exit_code=None if timed_out else proc.returncode,
+            # killed by a signal: report it as a shell would (128 + signal number)
+            exit_code=None if timed_out else _shell_status(proc.returncode),
             stdout=b"".join(out_chunks),
             stderr=b"".join(err_chunks),
             duration=time.monotonic() - start,
@@ -115,11 +115,7 @@ class LocalTransport(ExecTransport):
 
     @staticmethod
     def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass

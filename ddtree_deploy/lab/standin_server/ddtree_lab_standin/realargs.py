@@ -58,8 +58,10 @@ def _module_constants(tree: ast.Module) -> dict[str, Any]:
 
 
 def _add(parser: argparse.ArgumentParser, call: ast.Call, names: dict[str, Any]) -> None:
-    flags = [a.value for a in call.args if isinstance(a, ast.Constant)]
-    flags = [f for f in flags if isinstance(f, str) and f.startswith("-")]
+    flags: list[str] = [
+        a.value for a in call.args
+        if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+    ]
     if not flags:
         return
     kw = {k.arg: k.value for k in call.keywords if k.arg}

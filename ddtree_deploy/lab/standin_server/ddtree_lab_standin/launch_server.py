@@ -1,0 +1,198 @@
+"""Stand-in for ``python -m sglang.launch_server`` in the lab (served by the import hook).
+
+Why: the lab containers have no GPU and carry stand-in torch / sglang-kernel
+wheels, so the real server cannot start. What is real: the flags (parsed from
+the installed sglang's own server_args.py), the speculative algorithm lookup (the
+installed ``sglang.srt.speculative.spec_info``), ``import sgl_kernel`` (a real
+dlopen of the stand-in kernels against the venv's CUDA runtime), ``import
+soundfile``, the names flashinfer and xgrammar define (read from the installed
+files), flashinfer's CUDA-version lookup (nvcc, then torch.version.cuda), the
+host's GPUs (/etc/ddtree-lab/gpus.json, CUDA_VISIBLE_DEVICES) and the model
+folders. The checks run in the order listed in :func:`run_checks`; a failure
+exits 1 with a traceback whose last line is the real error text. Then the GPU is
+claimed (a claim file the lab's nvidia-smi reads) and an HTTP server answers
+SGLang's endpoints until SIGTERM (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from ddtree_lab_standin import checks, gpu, models, realargs, serving
+from ddtree_lab_standin import http as labhttp
+
+log = logging.getLogger("sglang.launch_server")
+DEFAULT_MEM_FRACTION = 0.85
+SPEC_WITH_DRAFT_CONFIG = ("DFLASH", "DDTREE")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
+    )
+
+
+def resolve_algorithm(ns: argparse.Namespace) -> str:
+    """Step 1: the installed SpeculativeAlgorithm.from_string, then draft-config needs."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    name = ns.speculative_algorithm
+    if name == "NEXTN":  # server_args maps NEXTN to EAGLE before use
+        name = "EAGLE"
+    algorithm = SpeculativeAlgorithm.from_string(name).name
+    if algorithm in SPEC_WITH_DRAFT_CONFIG:
+        if ns.speculative_draft_model_path is None:
+            raise ValueError(
+                f"{algorithm} speculative decoding requires setting "
+                "--speculative-draft-model-path."
+            )
+        if getattr(ns, "speculative_num_draft_tokens", None) is None:
+            block = None
+            try:
+                block = models.draft_block_size(models.load_model(ns.speculative_draft_model_path))
+            except (OSError, ValueError) as exc:
+                log.warning(
+                    "Failed to infer %s block_size from draft model config; defaulting "
+                    "speculative_num_draft_tokens to 16. Error: %s", algorithm, exc)
+            ns.speculative_num_draft_tokens = block or 16
+    return str(algorithm)
+
+
+def _uses_flashinfer_attention(ns: argparse.Namespace) -> bool:
+    base = getattr(ns, "attention_backend", None)
+    prefill = getattr(ns, "prefill_attention_backend", None) or base or "flashinfer"
+    decode = getattr(ns, "decode_attention_backend", None) or base or "flashinfer"
+    return "flashinfer" in (prefill, decode)
+
+
+def _tp_size(ns: argparse.Namespace) -> int:
+    return int(getattr(ns, "tp_size", None) or getattr(ns, "tensor_parallel_size", 1) or 1)
+
+
+def run_checks(ns: argparse.Namespace) -> dict[str, Any]:
+    """The real start-up checks, in order; returns what serving needs."""
+    root = checks.sglang_dir()
+    algorithm = resolve_algorithm(ns)  # 1. speculative algorithm (+ draft block size)
+    checks.check_sgl_kernel()  # 2. import sgl_kernel (real dlopen)
+    spec = gpu.load_spec()
+    visible = gpu.visible_gpus(spec, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    torch_cuda = checks.torch_cuda_version()
+    capability = visible[0].capability if visible else None
+    if checks.is_blackwell(capability, torch_cuda):  # 3. fp8_utils' flashinfer imports
+        checks.check_flashinfer_blackwell_imports(root)
+    checks.check_soundfile(root)  # 4. soundfile (imported by the HTTP server)
+    checks.check_grammar_backend(root, getattr(ns, "grammar_backend", None))  # 5. xgrammar
+    if visible and _uses_flashinfer_attention(ns):  # 6. flashinfer's SM guard
+        checks.check_flashinfer_arch([g.capability for g in visible], torch_cuda)
+    tp = _tp_size(ns)  # 7. the GPUs CUDA would give this process
+    if not visible:
+        raise RuntimeError("No CUDA GPUs are available")
+    if any(g.dead for g in visible[:tp]):
+        raise checks.cuda_busy_error()
+    if len(visible) < tp:
+        raise checks.cuda_ordinal_error()
+    target = models.load_model(ns.model_path)  # 8. model folders
+    width = 0
+    if algorithm in SPEC_WITH_DRAFT_CONFIG:
+        width = models.check_draft_fits(models.load_model(ns.speculative_draft_model_path), target)
+    fraction = float(getattr(ns, "mem_fraction_static", None) or DEFAULT_MEM_FRACTION)
+    for g in visible[:tp]:  # memory another live process already holds
+        rest = g.memory_total_mib * fraction - gpu.used_mib(g.index, exclude_pid=os.getpid())
+        if rest <= 0:
+            raise RuntimeError(
+                "Not enough memory. Please try to increase --mem-fraction-static. "
+                f"Current value: mem_fraction_static={fraction}")
+    return {"algorithm": algorithm, "gpus": visible[:tp], "target": target,
+            "fraction": fraction, "width": width}
+
+
+def _server_state(ns: argparse.Namespace, found: dict[str, Any]) -> serving.ServerState:
+    target: models.ModelInfo = found["target"]
+    args = {k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool, type(None)))}
+    args.update(tp_size=_tp_size(ns), mem_fraction_static=found["fraction"],
+                speculative_algorithm=None if found["algorithm"] == "NONE" else found["algorithm"])
+    context = getattr(ns, "context_length", None) or int(
+        target.text.get("max_position_embeddings", 32768))
+    from ddtree_lab_standin.sglang_init import installed_version
+
+    return serving.ServerState(
+        args=args, version=installed_version(), model_path=ns.model_path,
+        served_model_name=getattr(ns, "served_model_name", None) or ns.model_path,
+        model_type=target.model_type, architectures=target.architectures,
+        algorithm=found["algorithm"], context_length=int(context))
+
+
+def serve(ns: argparse.Namespace, found: dict[str, Any]) -> int:
+    gpus: list[gpu.Gpu] = found["gpus"]
+    used = int(found["fraction"] * gpus[0].memory_total_mib)
+    claims = gpu.write_claims([g.index for g in gpus], used)
+    atexit.register(gpu.remove_claims, claims)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    target: models.ModelInfo = found["target"]
+    log.info("Load weight begin. avail mem=%.2f GB", gpus[0].memory_total_mib / 1024)
+    if found["width"]:
+        log.info("%s draft expects target hidden states of width %d (%d layers x %d)",
+                 found["algorithm"], found["width"], found["width"] // target.hidden_size,
+                 target.hidden_size)
+    log.info("Load weight end. type=%s, dtype=torch.bfloat16.",
+             (target.architectures or ["?"])[0])
+    state = _server_state(ns, found)
+    try:
+        server = labhttp.make_server(ns.host, int(ns.port), serving.routes(state))
+    except OSError as exc:
+        log.error("Failed to bind %s:%s: %s", ns.host, ns.port, exc)
+        gpu.remove_claims(claims)
+        return 1
+    state.started = time.monotonic()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"INFO:     Uvicorn running on http://{ns.host}:{ns.port} (Press CTRL+C to quit)",
+          flush=True)
+    announced = False
+    while not stop.wait(0.1):
+        if not announced and state.ready():
+            log.info("The server is fired up and ready to roll!")
+            announced = True
+    server.shutdown()
+    server.server_close()
+    gpu.remove_claims(claims)
+    log.info("Shutting down (signal received)")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    root = checks.sglang_dir()
+    real_launcher = root / "launch_server.py"
+    if real_launcher.is_file() and "is still supported" in real_launcher.read_text("utf-8"):
+        warnings.warn(
+            "'python -m sglang.launch_server' is still supported, but 'sglang serve' is the "
+            "recommended entrypoint.\n  Example: sglang serve --model-path <model> [options]",
+            UserWarning, stacklevel=1)
+    parser = realargs.build_parser(root / "srt" / "server_args.py")
+    ns = parser.parse_args(argv)
+    _setup_logging(getattr(ns, "log_level", "info") or "info")
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(ns).items()) if v not in (None, False))
+    log.info("server_args=ServerArgs(%s)", shown)
+    found = run_checks(ns)
+    return serve(ns, found)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,388 @@
+"""The SSH transport, on fabric (config resolution) and paramiko (the wire).
+
+Host keys are checked strictly against one known_hosts file, never added on
+the fly; every paramiko, socket and OS error is mapped to ddtree_deploy.errors
+here, so nothing else in the code base imports paramiko.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import fabric
+import paramiko
+
+from ddtree_deploy.errors import (
+    AuthError,
+    HostKeyError,
+    RemoteCommandError,
+    TransportError,
+    UnreachableError,
+)
+from ddtree_deploy.transport.base import CHUNK, ExecTransport, RawOutcome
+from ddtree_deploy.transport.hostkeys import (
+    KnownHosts,
+    check_key,
+    connect_socket,
+    host_key_name,
+    preferred_key_types,
+    unknown_key_error,
+)
+
+Uploader = Callable[["SshTransport", BinaryIO, str, "int | None"], int]
+
+
+class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
+    """Replaces fabric's AutoAddPolicy: an unknown key is an error, never added."""
+
+    def __init__(self, label: str, path: Path) -> None:
+        self._label = label
+        self._path = path
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+        raise unknown_key_error(self._label, hostname, key, self._path)
+
+
+def _fabric_config(ssh_config: Path | None, load_ssh_config: bool) -> fabric.Config:
+    if ssh_config is not None:
+        return fabric.Config(runtime_ssh_path=str(ssh_config))
+    if not load_ssh_config:
+        return fabric.Config(overrides={"load_ssh_configs": False})
+    return fabric.Config()
+
+
+class SshTransport(ExecTransport):
+    """Commands and streams over one SSH connection, opened on first use.
+
+    `host` may be an address, `user@host:port`, or an ~/.ssh/config alias
+    (HostName, Port, User, IdentityFile and ProxyJump are honoured). `jump`
+    is another SshTransport used as a gateway (ProxyJump style).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        known_hosts: Path,
+        port: int | None = None,
+        user: str | None = None,
+        identity_file: str | Path | None = None,
+        connect_timeout: float = 10.0,
+        jump: SshTransport | None = None,
+        ssh_config: Path | None = None,
+        load_ssh_config: bool = True,
+        name: str | None = None,
+        uploader: Uploader | None = None,
+    ) -> None:
+        self.known_hosts = Path(known_hosts)
+        self.connect_timeout = float(connect_timeout)
+        self._uploader = uploader
+        connect_kwargs: dict[str, Any] = {}
+        if identity_file is not None:
+            connect_kwargs["key_filename"] = [str(identity_file)]
+            connect_kwargs["look_for_keys"] = False
+        try:
+            self._conn = fabric.Connection(
+                host,
+                user=user,
+                port=port,
+                config=_fabric_config(ssh_config, load_ssh_config),
+                connect_kwargs=connect_kwargs,
+                gateway=False if jump is not None else None,
+            )
+        except (ValueError, OSError) as exc:
+            raise TransportError(f"{name or host}: bad SSH settings: {exc}") from exc
+        # fabric truncates connect_timeout to int and may take it from ssh config;
+        # the socket and handshake timeouts are ours.
+        self._conn.connect_timeout = None
+        self.address: str = self._conn.host
+        self.port: int = int(self._conn.port)
+        self.user: str = self._conn.user
+        self.host = name or host
+        self._jump = jump
+        self._owns_jump = False
+        gateway = self._conn.gateway
+        if jump is None and isinstance(gateway, fabric.Connection):
+            self._jump = SshTransport(
+                gateway.host,
+                port=int(gateway.port),
+                user=gateway.user,
+                known_hosts=self.known_hosts,
+                connect_timeout=connect_timeout,
+                ssh_config=ssh_config,
+                load_ssh_config=load_ssh_config,
+            )
+            self._owns_jump = True
+        self._proxy_command = gateway if isinstance(gateway, str) else None
+        self._lock = threading.Lock()
+        self._uid: int | None = 0 if self.user == "root" else None
+
+    # -- connection ---------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"{self.host} ({self.address}:{self.port})"
+
+    def _open_sock(self) -> Any:
+        if self._jump is not None:
+            jump = self._jump._ensure()
+            try:
+                return jump.open_channel(
+                    "direct-tcpip",
+                    (self.address, self.port),
+                    ("", 0),
+                    timeout=self.connect_timeout,
+                )
+            except paramiko.ChannelException as exc:
+                raise UnreachableError(
+                    f"{self._where()} unreachable through {self._jump.host}: {exc.text}"
+                ) from exc
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise UnreachableError(
+                    f"{self._where()} unreachable through {self._jump.host}: "
+                    f"{exc or type(exc).__name__} (connect timeout {self.connect_timeout:g}s)"
+                ) from exc
+        if self._proxy_command is not None:
+            return self._conn.open_gateway()
+        return connect_socket(self.host, self.address, self.port, self.connect_timeout)
+
+    def _ensure(self) -> paramiko.Transport:
+        with self._lock:
+            transport = self._conn.client.get_transport()
+            if transport is not None and transport.is_active():
+                return transport
+            known = KnownHosts(self.known_hosts)
+            recorded = known.lookup(self.address, self.port)
+            try:
+                self._connect(known, recorded)
+            except BaseException:
+                self._conn.client.close()
+                raise
+            transport = self._conn.client.get_transport()
+            assert transport is not None
+            check_key(self.host, self.address, self.port, transport.get_remote_server_key(), known)
+            return transport
+
+    def _connect(self, known: KnownHosts, recorded: list[Any]) -> None:
+        client = self._conn.client
+        client.set_missing_host_key_policy(_RefuseUnknown(self.host, self.known_hosts))
+        keys = client.get_host_keys()
+        keys.clear()
+        name = host_key_name(self.address, self.port)
+        for entry in recorded:
+            # paramiko offers the first recorded type first, so the server shows a key we know.
+            try:
+                keys.add(
+                    name, entry.keytype, paramiko.PKey.from_type_string(entry.keytype, entry.blob)
+                )
+            except (paramiko.SSHException, ValueError, TypeError):
+                continue
+        sock = self._open_sock()
+        t = self.connect_timeout
+        kwargs = dict(
+            self._conn.connect_kwargs,
+            hostname=self.address,
+            port=self.port,
+            username=self.user,
+            sock=sock,
+            timeout=t,
+            banner_timeout=t,
+            auth_timeout=t,
+            channel_timeout=t,
+        )
+        try:
+            client.connect(**kwargs)
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            check_key(self.host, self.address, self.port, exc.key, known)
+            # The key is recorded, but not as paramiko's one entry per type: retry with it.
+            keys.clear()
+            keys.add(name, exc.key.get_name(), exc.key)
+            self._conn.client.close()
+            self._connect_plain(client, kwargs)
+        except paramiko.AuthenticationException as exc:
+            raise AuthError(
+                f"{self.host}: authentication as {self.user}@{self.address}:{self.port} "
+                f"failed: {exc}",
+                hint="check the user and identity file (and that its public key is in "
+                "the host's authorized_keys)",
+            ) from exc
+        except paramiko.SSHException as exc:
+            raise self._map_handshake(exc, recorded) from exc
+        except (OSError, EOFError) as exc:
+            raise UnreachableError(
+                f"{self._where()} unreachable: connection lost during the SSH handshake "
+                f"({exc or type(exc).__name__})"
+            ) from exc
+
+    def _connect_plain(self, client: paramiko.SSHClient, kwargs: dict[str, Any]) -> None:
+        kwargs = dict(kwargs, sock=self._open_sock())
+        try:
+            client.connect(**kwargs)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self._where()}: SSH connection failed: {exc}") from exc
+
+    def _map_handshake(self, exc: paramiko.SSHException, recorded: list[Any]) -> TransportError:
+        text = str(exc)
+        if "banner" in text.lower():
+            return UnreachableError(
+                f"{self._where()} unreachable: no SSH banner within {self.connect_timeout:g}s"
+            )
+        if "host key" in text.lower() and recorded:
+            known = ", ".join(preferred_key_types(recorded))
+            return HostKeyError(
+                f"{self.host}: the host no longer offers a key of the recorded type(s) "
+                f"{known} for {host_key_name(self.address, self.port)}; refusing to connect",
+                hint=f"check the host, then update {self.known_hosts}",
+            )
+        return TransportError(f"{self._where()}: SSH connection failed: {text}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.client.close()
+        if self._owns_jump and self._jump is not None:
+            self._jump.close()
+
+    # -- running ------------------------------------------------------------
+
+    def _is_root(self) -> bool:
+        if self._uid is None:
+            result = self.run("id -u", timeout=max(self.connect_timeout, 10.0))
+            try:
+                self._uid = int(result.stdout.strip())
+            except ValueError as exc:
+                raise TransportError(
+                    f"{self.host}: cannot tell the remote user id (id -u: {result.stderr.strip()})"
+                ) from exc
+        return self._uid == 0
+
+    def _exec(
+        self,
+        script: str,
+        *,
+        stdin: BinaryIO | None,
+        stdout: BinaryIO | None,
+        deadline: float | None,
+    ) -> RawOutcome:
+        transport = self._ensure()
+        start = time.monotonic()
+        try:
+            chan = transport.open_session(timeout=self.connect_timeout)
+            chan.exec_command(script)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._conn.client.close()
+            raise TransportError(f"{self._where()}: cannot start a command: {exc}") from exc
+        try:
+            return self._pump(chan, stdin, stdout, deadline, start)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self._where()}: connection failed mid-command: {exc}") from exc
+        finally:
+            chan.close()
+
+    @staticmethod
+    def _feed(chan: paramiko.Channel, src: BinaryIO, errors: list[BaseException]) -> None:
+        try:
+            while chunk := src.read(CHUNK):
+                chan.sendall(chunk)
+            chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the command stopped reading (or the channel closed): its exit code says why
+        except BaseException as exc:  # a failing source: reported by the caller
+            errors.append(exc)
+
+    def _pump(
+        self,
+        chan: paramiko.Channel,
+        stdin: BinaryIO | None,
+        stdout: BinaryIO | None,
+        deadline: float | None,
+        start: float,
+    ) -> RawOutcome:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        feed_errors: list[BaseException] = []
+        feeder = None
+        if stdin is None:
+            chan.shutdown_write()
+        else:
+            feeder = threading.Thread(
+                target=self._feed, args=(chan, stdin, feed_errors), daemon=True
+            )
+            feeder.start()
+        timed_out = False
+        while True:
+            while chan.recv_ready():
+                data = chan.recv(CHUNK)
+                if stdout is None:
+                    out.append(data)
+                else:
+                    stdout.write(data)
+            while chan.recv_stderr_ready():
+                err.append(chan.recv_stderr(CHUNK))
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                break
+            wait = 0.2
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                wait = min(wait, left)
+            select.select([chan], [], [], wait)
+        code = None if timed_out else chan.recv_exit_status()
+        chan.close()
+        if feeder is not None:
+            feeder.join(timeout=5.0)
+        if feed_errors:
+            raise feed_errors[0]
+        return RawOutcome(code, b"".join(out), b"".join(err), time.monotonic() - start, timed_out)
+
+    # -- files --------------------------------------------------------------
+
+    def put_stream(
+        self,
+        src: BinaryIO,
+        remote_path: str,
+        *,
+        mode: int | None = None,
+        sudo: bool = False,
+    ) -> int:
+        if self._uploader is not None and not sudo:
+            return self._uploader(self, src, remote_path, mode)
+        return super().put_stream(src, remote_path, mode=mode, sudo=sudo)
+
+    def sftp(self) -> paramiko.SFTPClient:
+        """An SFTP session on the open connection (for an alternative uploader)."""
+        try:
+            return self._ensure().open_sftp_client()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self._where()}: cannot open SFTP: {exc}") from exc
+
+
+def sftp_upload(ssh: SshTransport, src: BinaryIO, remote_path: str, mode: int | None) -> int:
+    """An uploader over SFTP: temporary name, chunked writes, chmod, rename."""
+    tmp = f"{remote_path}.ddtree-tmp-{int(time.time() * 1000)}"
+    sftp = ssh.sftp()
+    count = 0
+    try:
+        with sftp.open(tmp, "wb") as fh:
+            fh.set_pipelined(True)
+            while chunk := src.read(CHUNK):
+                fh.write(chunk)
+                count += len(chunk)
+        if mode is not None:
+            sftp.chmod(tmp, mode)
+        sftp.posix_rename(tmp, remote_path)
+    except (OSError, paramiko.SSHException) as exc:
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            sftp.remove(tmp)
+        raise RemoteCommandError(f"{ssh.host}: could not write {remote_path}: {exc}") from exc
+    finally:
+        sftp.close()
+    return count

@@ -1,0 +1,382 @@
+"""SshTransport against a real OpenSSH sshd on loopback (see sshd_fixture.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import random
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sshd_fixture import Sshd, free_port, keygen, openssh_fingerprint, sshd_available
+from typer.testing import CliRunner
+
+from ddtree_deploy.cli_hosts import TrustTarget, make_hosts_app
+from ddtree_deploy.errors import (
+    AuthError,
+    CommandTimeout,
+    HostKeyError,
+    SudoError,
+    UnreachableError,
+)
+from ddtree_deploy.transport import (
+    Command,
+    KnownHosts,
+    SshTransport,
+    Transport,
+    fingerprint,
+    sftp_upload,
+    trust_host,
+)
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    reason = sshd_available()
+    if reason:
+        pytest.skip(reason)
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def known(sshd: Sshd, tmp_path: Path) -> Path:
+    path = tmp_path / "known_hosts"
+    path.write_text(sshd.known_hosts_line() + "\n")
+    return path
+
+
+def connect(sshd: Sshd, known_hosts: Path, **kwargs: object) -> SshTransport:
+    options: dict[str, object] = {
+        "port": sshd.port,
+        "user": "root",
+        "identity_file": sshd.client_key,
+        "load_ssh_config": False,
+        "connect_timeout": 5,
+    }
+    options.update(kwargs)
+    return SshTransport("127.0.0.1", known_hosts=known_hosts, **options)  # type: ignore[arg-type]
+
+
+def _alive(pattern: str) -> bool:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def test_run_exit_codes_streams_duration(sshd: Sshd, known: Path) -> None:
+    with connect(sshd, known, name="ct-test") as t:
+        assert isinstance(t, Transport)
+        r = t.run(Command.shell('echo "o $1"; echo e >&2; sleep 0.3; exit 5', "arg"))
+        assert (r.exit_code, r.stdout, r.stderr, r.host) == (5, "o arg\n", "e\n", "ct-test")
+        assert 0.3 <= r.duration < 5
+        assert t.run(Command(("id", "-u"))).check().stdout == "0\n"
+        assert t.run("exit 0").ok
+
+
+def test_many_commands_reuse_one_connection(sshd: Sshd, known: Path) -> None:
+    with connect(sshd, known) as t:
+        outputs = [t.run(Command(("echo", str(i)))).stdout for i in range(20)]
+    assert outputs == [f"{i}\n" for i in range(20)]
+
+
+def test_large_output_does_not_deadlock(sshd: Sshd, known: Path) -> None:
+    with connect(sshd, known) as t:
+        r = t.run("head -c 5000000 /dev/zero; head -c 3000000 /dev/zero >&2", timeout=60)
+    assert len(r.stdout) == 5_000_000 and len(r.stderr) == 3_000_000
+
+
+def test_timeout_kills_the_remote_command(sshd: Sshd, known: Path) -> None:
+    token = f"{300 + random.random():.6f}"
+    with connect(sshd, known) as t:
+        start = time.monotonic()
+        with pytest.raises(CommandTimeout, match="within 1s") as info:
+            t.run(Command.shell(f"sleep {token} & sleep {token}; wait"), timeout=1)
+        assert time.monotonic() - start < 4
+        assert info.value.exit_code == 124
+        time.sleep(0.3)
+        assert not _alive(f"sleep {token}")
+        assert t.run("echo still usable").stdout == "still usable\n"
+
+
+def test_timeout_kills_a_command_ignoring_term(sshd: Sshd, known: Path) -> None:
+    token = f"{300 + random.random():.6f}"
+    with connect(sshd, known) as t:
+        start = time.monotonic()
+        with pytest.raises(CommandTimeout):
+            t.run(Command.shell(f"trap '' TERM; sleep {token}"), timeout=0.5)
+        assert time.monotonic() - start < 7
+    time.sleep(0.3)
+    assert not _alive(f"sleep {token}")
+
+
+# -- reachability ---------------------------------------------------------------
+
+
+def test_closed_port_is_unreachable_fast(tmp_path: Path) -> None:
+    port = free_port()
+    t = SshTransport(
+        "127.0.0.1", port=port, known_hosts=tmp_path / "kh", connect_timeout=3, name="ct200"
+    )
+    start = time.monotonic()
+    with pytest.raises(UnreachableError, match=rf"ct200 \(127.0.0.1:{port}\) unreachable"):
+        t.run("true")
+    assert time.monotonic() - start < 3
+
+
+def test_silent_connect_times_out_within_bound(tmp_path: Path) -> None:
+    # A listener whose accept queue is full: further SYNs are dropped and connect hangs.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        fillers.append(s)
+    time.sleep(0.1)
+    try:
+        t = SshTransport("127.0.0.1", port=port, known_hosts=tmp_path / "kh", connect_timeout=1.5)
+        start = time.monotonic()
+        with pytest.raises(UnreachableError, match=r"within 1.5s"):
+            t.run("true")
+        assert 1.0 < time.monotonic() - start < 4
+    finally:
+        for s in fillers:
+            s.close()
+        server.close()
+
+
+def test_server_without_banner_is_unreachable_within_bound(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+    accepter = threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True)
+    accepter.start()
+    try:
+        t = SshTransport("127.0.0.1", port=port, known_hosts=tmp_path / "kh", connect_timeout=1)
+        start = time.monotonic()
+        with pytest.raises(UnreachableError, match="no SSH banner within 1s"):
+            t.run("true")
+        assert time.monotonic() - start < 4
+    finally:
+        accepter.join(timeout=2)
+        for s in held:
+            s.close()
+        server.close()
+
+
+def test_wrong_client_key_is_an_auth_error(sshd: Sshd, known: Path, tmp_path: Path) -> None:
+    other = keygen(tmp_path / "other_key")
+    with pytest.raises(AuthError, match="authentication as root@127.0.0.1"):
+        connect(sshd, known, identity_file=other).run("true")
+
+
+# -- host keys ------------------------------------------------------------------
+
+
+def test_unknown_host_key_is_refused_with_trust_hint(sshd: Sshd, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError) as info:
+        connect(sshd, empty, name="ct200").run("true")
+    text = str(info.value)
+    assert "ddtree-deploy hosts trust ct200" in text
+    assert openssh_fingerprint(sshd.host_key.with_suffix(".pub")) in text
+    assert empty.read_text() == ""  # nothing was added on the fly
+
+
+def test_changed_host_key_is_refused_with_both_fingerprints(sshd: Sshd, tmp_path: Path) -> None:
+    old = keygen(tmp_path / "old_host_key")
+    kh = tmp_path / "known_hosts"
+    keytype, b64 = old.with_suffix(".pub").read_text().split()[:2]
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {keytype} {b64}\n")
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED") as info:
+        connect(sshd, kh).run("true")
+    text = str(info.value)
+    assert openssh_fingerprint(old.with_suffix(".pub")) in text
+    assert openssh_fingerprint(sshd.host_key.with_suffix(".pub")) in text
+
+
+def test_cert_authority_revoked_and_hashed_lines(sshd: Sshd, tmp_path: Path) -> None:
+    ca = keygen(tmp_path / "ca")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        "# comment\n\n"
+        f"@cert-authority *.example {ca.with_suffix('.pub').read_text().strip()}\n"
+        "garbage-line\n" + sshd.known_hosts_line() + "\n"
+    )
+    with connect(sshd, kh) as t:
+        assert t.run("echo ok").stdout == "ok\n"
+    # ssh-keygen -H hashes the host names; the hashed file must still match.
+    hashed = tmp_path / "hashed_known_hosts"
+    hashed.write_text(sshd.known_hosts_line() + "\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    assert "|1|" in hashed.read_text() and "127.0.0.1" not in hashed.read_text()
+    with connect(sshd, hashed) as t:
+        assert t.run("echo ok").ok
+    pub = sshd.host_key.with_suffix(".pub").read_text().strip()
+    with kh.open("a") as fh:
+        fh.write(f"@revoked * {pub}\n")
+    with pytest.raises(HostKeyError, match="revoked"):
+        connect(sshd, kh).run("true")
+
+
+def test_trust_records_the_key_then_connects(sshd: Sshd, tmp_path: Path) -> None:
+    kh = tmp_path / "cfg" / "known_hosts"
+    asked: list[str] = []
+
+    def no(question: str) -> bool:
+        asked.append(question)
+        return False
+
+    declined = trust_host("127.0.0.1", sshd.port, kh, confirm=no, timeout=5)
+    assert declined.status == "declined" and not kh.exists()
+    expected_fp = openssh_fingerprint(sshd.host_key.with_suffix(".pub"))
+    assert expected_fp in asked[0] and "ssh-ed25519" in asked[0]
+    added = trust_host("127.0.0.1", sshd.port, kh, confirm=lambda q: True, timeout=5)
+    assert (added.status, added.fingerprint) == ("added", expected_fp)
+    assert kh.read_text() == sshd.known_hosts_line() + "\n"
+    assert kh.stat().st_mode & 0o777 == 0o600
+    with connect(sshd, kh) as t:
+        assert t.run("echo in").stdout == "in\n"
+    again = trust_host("127.0.0.1", sshd.port, kh, confirm=no, timeout=5)
+    assert again.status == "already-known" and len(asked) == 1
+
+
+def test_trust_refuses_a_changed_key(sshd: Sshd, tmp_path: Path) -> None:
+    old = keygen(tmp_path / "old")
+    keytype, blob = old.with_suffix(".pub").read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {keytype} {blob}\n")
+    with pytest.raises(HostKeyError) as info:
+        trust_host("127.0.0.1", sshd.port, kh, confirm=lambda q: True, timeout=5)
+    assert fingerprint(base64.b64decode(blob)) in str(info.value)
+    assert openssh_fingerprint(sshd.host_key.with_suffix(".pub")) in str(info.value)
+    assert len(kh.read_text().splitlines()) == 1
+
+
+def test_hosts_trust_cli(sshd: Sshd, tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    targets = {"ct200": TrustTarget("ct200", "127.0.0.1", sshd.port, kh)}
+    app = make_hosts_app(lambda name: targets[name])
+    runner = CliRunner()
+    refused = runner.invoke(app, ["trust", "ct200"], input="n\n")
+    assert refused.exit_code == 1 and not kh.exists()
+    ok = runner.invoke(app, ["trust", "ct200", "--yes"])
+    assert ok.exit_code == 0, ok.output
+    assert openssh_fingerprint(sshd.host_key.with_suffix(".pub")) in ok.output
+    assert KnownHosts(kh).lookup("127.0.0.1", sshd.port)
+    again = runner.invoke(app, ["trust", "ct200"])
+    assert again.exit_code == 0 and "already known" in again.output
+
+
+def test_hosts_trust_cli_unreachable_is_a_message(tmp_path: Path) -> None:
+    port = free_port()
+    app = make_hosts_app()
+    result = CliRunner().invoke(app, ["trust", f"127.0.0.1:{port}", "--timeout", "2"])
+    assert result.exit_code == 1
+    assert "unreachable" in result.output and "Traceback" not in result.output
+
+
+# -- files and tar pipes --------------------------------------------------------
+
+
+@pytest.mark.parametrize("uploader", [None, sftp_upload], ids=["exec-cat", "sftp"])
+def test_put_and_get_multi_megabyte(sshd: Sshd, known: Path, tmp_path: Path, uploader) -> None:  # type: ignore[no-untyped-def]
+    data = os.urandom(12 * 1024 * 1024 + 7)
+    target = tmp_path / "remote dir" / "blob.bin"
+    target.parent.mkdir()
+    with connect(sshd, known, uploader=uploader) as t:
+        assert t.put_stream(io.BytesIO(data), str(target), mode=0o755) == len(data)
+        assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
+        assert target.stat().st_mode & 0o777 == 0o755
+        assert [p.name for p in target.parent.iterdir()] == ["blob.bin"]
+        out = io.BytesIO()
+        assert t.get_stream(str(target), out) == len(data)
+    assert hashlib.sha256(out.getvalue()).digest() == hashlib.sha256(data).digest()
+
+
+def test_tar_in_and_out(sshd: Sshd, known: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (src / "nvidia" / "cu13" / "lib" / "libcudart.so.13").write_bytes(os.urandom(2_000_000))
+    (src / "odd $(name) `x`").write_text("v")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(src, arcname=".")
+    buf.seek(0)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with connect(sshd, known) as t:
+        t.run_stream_in(Command(("tar", "-x", "-f", "-", "-C", str(dest))), buf).check()
+        out = io.BytesIO()
+        t.run_stream_out(Command(("tar", "-c", "-f", "-", "-C", str(dest), ".")), out).check()
+    out.seek(0)
+    back = tmp_path / "back"
+    with tarfile.open(fileobj=out) as tar:
+        tar.extractall(back, filter="data")
+    for root in (dest, back):
+        files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        assert files == ["nvidia/cu13/lib/libcudart.so.13", "odd $(name) `x`"]
+        lib = root / "nvidia/cu13/lib/libcudart.so.13"
+        assert lib.read_bytes() == (src / "nvidia/cu13/lib/libcudart.so.13").read_bytes()
+
+
+# -- gateways, ssh config, sudo -------------------------------------------------
+
+
+def test_jump_host(sshd: Sshd, known: Path) -> None:
+    with connect(sshd, known, name="jump") as jump:
+        with connect(sshd, known, jump=jump, name="inner") as inner:
+            assert inner.run(Command(("echo", "via jump"))).stdout == "via jump\n"
+
+
+def test_ssh_config_alias(sshd: Sshd, known: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host ct-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+        f"  IdentityFile {sshd.client_key}\n"
+    )
+    with SshTransport("ct-alias", known_hosts=known, ssh_config=cfg) as t:
+        assert (t.address, t.port, t.user) == ("127.0.0.1", sshd.port, "root")
+        assert t.run("echo alias").stdout == "alias\n"
+
+
+def test_non_root_user_sudo_errors(sshd: Sshd, known: Path, tmp_path: Path) -> None:
+    name = f"ddt{uuid.uuid4().hex[:8]}"
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    home = sshd.add_user(name, path_dirs=["/usr/bin", "/bin"])
+    with connect(sshd, known, user=name) as t:
+        assert t.run(Command(("id", "-un"))).stdout == f"{name}\n"
+        assert t.run(Command(("true",), sudo=False)).ok
+        if not os.access("/usr/bin/sudo", os.X_OK):
+            with pytest.raises(SudoError, match="not installed"):
+                t.run(Command(("true",), sudo=True))
+    # Stand-in sudo that refuses like sudo -n does without NOPASSWD.
+    fake = home / "bin"
+    fake.mkdir()
+    (fake / "sudo").write_text('#!/bin/sh\necho "sudo: a password is required" >&2\nexit 1\n')
+    (fake / "sudo").chmod(0o755)
+    (home / ".ssh" / "environment").write_text(f"PATH={fake}:/usr/bin:/bin\n")
+    with connect(sshd, known, user=name) as t, pytest.raises(SudoError, match="password"):
+        t.run(Command(("systemctl", "restart", "x"), sudo=True))
