@@ -102,7 +102,9 @@ def test_display_masks_secrets_everywhere() -> None:
 
 
 def test_result_check_masks_secrets_in_stderr() -> None:
-    result = Result("cmd ***", 3, "", "error: bad token hunter2\n", 0.1, "h", frozenset({"hunter2"}))
+    result = Result(
+        "cmd ***", 3, "", "error: bad token hunter2\n", 0.1, "h", frozenset({"hunter2"})
+    )
     with pytest.raises(RemoteCommandError) as info:
         result.check()
     assert "hunter2" not in str(info.value)

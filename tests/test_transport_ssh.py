@@ -37,6 +37,7 @@ from ddtree_deploy.transport import (
     sftp_upload,
     trust_host,
 )
+from ddtree_deploy.transport.ssh import Uploader
 
 pytestmark = pytest.mark.sshd
 
@@ -297,11 +298,32 @@ def test_hosts_trust_cli_unreachable_is_a_message(tmp_path: Path) -> None:
     assert "unreachable" in result.output and "Traceback" not in result.output
 
 
+def test_hosts_trust_cli_bad_address_is_a_usage_message() -> None:
+    result = CliRunner().invoke(make_hosts_app(), ["trust", "127.0.0.1:99999"])
+    assert result.exit_code == 2
+    assert "not a TCP port" in result.output and "Traceback" not in result.output
+
+
+def test_trust_scan_of_a_silent_server_is_unreachable(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(UnreachableError, match="no SSH banner"):
+            trust_host("127.0.0.1", port, tmp_path / "kh", confirm=lambda q: True, timeout=1)
+    finally:
+        server.close()
+    assert not (tmp_path / "kh").exists()
+
+
 # -- files and tar pipes --------------------------------------------------------
 
 
 @pytest.mark.parametrize("uploader", [None, sftp_upload], ids=["exec-cat", "sftp"])
-def test_put_and_get_multi_megabyte(sshd: Sshd, known: Path, tmp_path: Path, uploader) -> None:  # type: ignore[no-untyped-def]
+def test_put_and_get_multi_megabyte(
+    sshd: Sshd, known: Path, tmp_path: Path, uploader: Uploader | None
+) -> None:
     data = os.urandom(12 * 1024 * 1024 + 7)
     target = tmp_path / "remote dir" / "blob.bin"
     target.parent.mkdir()
@@ -345,9 +367,12 @@ def test_tar_in_and_out(sshd: Sshd, known: Path, tmp_path: Path) -> None:
 
 
 def test_jump_host(sshd: Sshd, known: Path) -> None:
-    with connect(sshd, known, name="jump") as jump:
-        with connect(sshd, known, jump=jump, name="inner") as inner:
-            assert inner.run(Command(("echo", "via jump"))).stdout == "via jump\n"
+    with (
+        connect(sshd, known, name="jump") as jump,
+        connect(sshd, known, jump=jump, name="inner") as inner,
+    ):
+        assert inner.run(Command(("echo", "via jump"))).stdout == "via jump\n"
+        assert jump.run("echo direct").stdout == "direct\n"
 
 
 def test_ssh_config_alias(sshd: Sshd, known: Path, tmp_path: Path) -> None:

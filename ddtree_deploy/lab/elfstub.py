@@ -203,11 +203,23 @@ _GLIBC = ("libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6")
 CU12_RPATH = ":".join(  # libtorch_cuda.so of the torch 2.9.1 cu128 wheel (fixtures/real)
     [
         f"$ORIGIN/../../{d}/lib"
-        for d in (
-            "nvidia/cudnn nvidia/nvshmem nvidia/nccl nvidia/cusparselt nvidia/cublas "
-            "nvidia/cuda_cupti nvidia/cuda_nvrtc nvidia/cuda_runtime nvidia/cufft nvidia/curand "
-            "nvidia/cusolver nvidia/cusparse cusparselt nvidia/nvtx nvidia/cufile"
-        ).split()
+        for d in [
+            "nvidia/cudnn",
+            "nvidia/nvshmem",
+            "nvidia/nccl",
+            "nvidia/cusparselt",
+            "nvidia/cublas",
+            "nvidia/cuda_cupti",
+            "nvidia/cuda_nvrtc",
+            "nvidia/cuda_runtime",
+            "nvidia/cufft",
+            "nvidia/curand",
+            "nvidia/cusolver",
+            "nvidia/cusparse",
+            "cusparselt",
+            "nvidia/nvtx",
+            "nvidia/cufile",
+        ]
     ]
     + ["$ORIGIN"]
 )
@@ -220,7 +232,11 @@ CU13_RPATH = (  # every torch/lib/*.so of torch 2.11.0+cu130 (fixtures/real/h200
 def torch_lib_specs(major: str) -> list[LibSpec]:
     """torch/lib stand-ins in build order. libtorch_cuda.so keeps the real order but only
     the CUDA libraries the lab ships (no cufft/curand/cusparse/cufile stand-ins)."""
-    cudart, cublas, cublaslt = f"libcudart.so.{major}", f"libcublas.so.{major}", f"libcublasLt.so.{major}"
+    cudart, cublas, cublaslt = (
+        f"libcudart.so.{major}",
+        f"libcublas.so.{major}",
+        f"libcublasLt.so.{major}",
+    )
     ask_cudart = (("STANDIN_CUDART", "c10_cuda_standin_cudart_version"),)
     return [
         ("libgomp.so.1", ("libdl.so.2", "libpthread.so.0", *_C), ()),
@@ -234,7 +250,8 @@ def torch_lib_specs(major: str) -> list[LibSpec]:
         ("libtorch_cuda.so", ("libtorch_nvshmem.so", "libc10_cuda.so", cudart, "libcusparseLt.so.0",
                               "libnccl.so.2", cublas, cublaslt, "libcudnn.so.9", "librt.so.1",
                               "libdl.so.2", "libpthread.so.0", "libc10.so", "libtorch_cpu.so",
-                              *_GLIBC, "ld-linux-x86-64.so.2"), ()),
+                              "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", *_C,
+                              "ld-linux-x86-64.so.2"), ()),
         ("libtorch.so", ("libtorch_cpu.so", "libtorch_cuda.so", "libgcc_s.so.1",
                          "libpthread.so.0", *_C), ()),
         ("libcaffe2_nvrtc.so", (f"libnvrtc.so.{major}", "libcuda.so.1", *_GLIBC), ()),
@@ -246,7 +263,10 @@ def build_libs(dest: Path, libs: Sequence[LibSpec], rpath: str | None, search: S
     """Compile each library into ``dest`` (earlier ones are linked by later ones)."""
     for soname, needed, extra in libs:
         stem = soname.removeprefix("lib").split(".")[0].replace("-", "_")
-        label = (("STANDIN_EXPORT", f"{stem}_standin_label"), ("STANDIN_LABEL", f'"{soname} {what}"'))
+        label = (
+            ("STANDIN_EXPORT", f"{stem}_standin_label"),
+            ("STANDIN_LABEL", f'"{soname} {what}"'),
+        )
         spec = SharedObject("standin_lib.c", needed, soname, rpath, label + extra)
         compile_shared(spec, dest / soname, [dest, *search])
 

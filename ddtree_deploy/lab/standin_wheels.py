@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from ddtree_deploy.errors import LabError
+from ddtree_deploy.lab import standin_templates as tpl
 from ddtree_deploy.lab.elfstub import (
     CU12_RPATH,
     CU13_RPATH,
@@ -77,13 +78,17 @@ class LaneSpec:
         return self.cuda.split(".")[0]
 
 
-_TOOLKIT = "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]"
+_TOOLKIT = (
+    "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]"
+)
 _TORCH_BASE = ("filelock", "typing-extensions>=4.10.0", "setuptools<82", "sympy>=1.13.3",
                "networkx>=2.5.1", "jinja2", "fsspec>=0.8.5")  # fmt: skip
 _TORCH_EXTRAS = ("optree>=0.13.0", "opt-einsum>=3.3", "pyyaml")
 
 
-def _lane(lane: Lane, toolkit: str, bindings: str, sparselt: str, cublas: str, nvrtc: str) -> LaneSpec:
+def _lane(
+    lane: Lane, toolkit: str, bindings: str, sparselt: str, cublas: str, nvrtc: str
+) -> LaneSpec:
     """torch 2.11.0's Linux pins for a lane (Requires-Dist of the real wheels; cuda-toolkit's
     extras pin nvidia-cublas/nvrtc/runtime, whose versions are those of a real install)."""
     major = toolkit.split(".")[0]
@@ -116,9 +121,10 @@ LANE_SPECS: dict[Lane, LaneSpec] = {
 
 
 def lane_spec(lane: str) -> LaneSpec:
-    if lane not in LANE_SPECS:
-        raise LabError(f"unknown CUDA lane {lane!r}", hint=f"use one of: {', '.join(LANES)}")
-    return LANE_SPECS[lane]  # type: ignore[index]
+    for known, spec in LANE_SPECS.items():
+        if known == lane:
+            return spec
+    raise LabError(f"unknown CUDA lane {lane!r}", hint=f"use one of: {', '.join(LANES)}")
 
 
 # --- wheel writing ---------------------------------------------------------------------------
@@ -138,7 +144,6 @@ def write_wheel(
     metadata: str,
     files: dict[str, bytes],
     purelib: bool = False,
-    filename_version: str | None = None,
 ) -> Path:
     """Write a wheel: sorted entries, fixed timestamps, RECORD with urlsafe sha256 and sizes."""
     dist = name.replace("-", "_")
@@ -153,7 +158,7 @@ def write_wheel(
     entries[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
     py, abi, plat = (".".join(dict.fromkeys(t.split("-")[i] for t in tags)) for i in range(3))
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{dist}-{filename_version or version}-{py}-{abi}-{plat}.whl"
+    target = out_dir / f"{dist}-{version}-{py}-{abi}-{plat}.whl"
     tmp = target.with_name(target.name + ".part")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for path, data in entries.items():
@@ -171,8 +176,12 @@ def _metadata(
 ) -> str:
     lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     lines += [f"Summary: {summary}", f"Requires-Python: {python}"]
+    extras = dict.fromkeys(
+        r.split('extra == "')[1].rstrip('"') for r in requires if "extra ==" in r
+    )
+    lines += [f"Provides-Extra: {e}" for e in extras]
     lines += [f"Requires-Dist: {r}" for r in requires]
-    lines += ["Description-Content-Type: text/plain", "", tpl.STANDIN_NOTE.format(what=name), ""]
+    lines += ["Description-Content-Type: text/plain", "", tpl.NOTE.format(what=name), ""]
     return "\n".join(lines)
 
 
@@ -181,7 +190,7 @@ def _summary(what: str, why: str) -> str:
 
 
 def _standin_txt(what: str, why: str) -> bytes:
-    return (tpl.STANDIN_NOTE.format(what=what) + f"\nWhy a stand-in: {why}.\n").encode()
+    return (tpl.NOTE.format(what=what) + f"\nWhy a stand-in: {why}.\n").encode()
 
 
 # --- shared objects --------------------------------------------------------------------------
@@ -221,9 +230,9 @@ def build_torch(out_dir: Path, lane: str, cudart_wheel: Path) -> Path:
         cudart_dir.mkdir()
         _extract_cudart(cudart_wheel, spec.major, cudart_dir)
         what = f"(lab stand-in of torch {local})"
-        _build_libs(libdir, torch_lib_specs(spec), spec.rpath, [cudart_dir], what)
+        build_libs(libdir, torch_lib_specs(spec.major), spec.rpath, [cudart_dir], what)
         files = _tree_files(libdir, "torch/lib")
-    files["torch/__init__.py"] = tpl.TORCH_INIT.format(version=local).encode()
+    files["torch/__init__.py"] = tpl.TORCH_INIT.replace("@VERSION@", local).encode()
     files["torch/version.py"] = tpl.TORCH_VERSION_PY.format(
         version=local, cuda=spec.cuda, git=TORCH_GIT_VERSION
     ).encode()
@@ -322,8 +331,7 @@ def build_nvidia_standins(out_dir: Path, lane: str) -> list[Path]:
             libdir = Path(tmp) / pkg.name
             libdir.mkdir()
             what = f"(lab stand-in of {pkg.name} {pkg.version})"
-            libs = [(soname, needed, ()) for soname, needed in pkg.libs]
-            _build_libs(libdir, libs, "$ORIGIN", [], what)  # type: ignore[arg-type]
+            build_libs(libdir, pkg.libs(), "$ORIGIN", [], what)
             base = f"nvidia/{pkg.folder}"
             files = _tree_files(libdir, f"{base}/lib")
             if spec.lane == "cu128":
@@ -349,10 +357,4 @@ def build_libcuda(out_path: Path, *, device_count: int = 0, driver_api: int = 13
     """A stand-in libcuda.so.1 (driver R580 speaks CUDA 13.0: cuDriverGetVersion -> 13000)."""
     if device_count < 0 or driver_api <= 0:
         raise LabError("device_count must be >= 0 and driver_api > 0")
-    spec = SharedObject(
-        "libcuda.c",
-        ("libc.so.6",),
-        soname="libcuda.so.1",
-        defines=(("DEVICE_COUNT", str(device_count)), ("DRIVER_API_VERSION", str(driver_api))),
-    )
-    return compile_shared(spec, out_path)
+    return compile_shared(libcuda_spec(device_count, driver_api), out_path)

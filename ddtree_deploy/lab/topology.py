@@ -133,14 +133,14 @@ CU130_STACK = (
     "nvidia-cuda-runtime==13.0.96",
     "standin:nvidia-cu130",
     "standin:triton",
-    "standin:torchvision",
+    "standin:torchvision-cu130",
 )
 CU128_STACK = (
     "standin:torch-cu128",
     "nvidia-cuda-runtime-cu12==12.8.90",
     "standin:nvidia-cu128",
     "standin:triton",
-    "standin:torchvision",
+    "standin:torchvision-cu128",
 )
 
 CT129_VENVS = (

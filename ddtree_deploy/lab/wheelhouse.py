@@ -61,7 +61,8 @@ def build_standins(folder: Path, real: dict[str, Path]) -> dict[str, Path]:
         "standin:torch-cu128": standin_wheels.build_torch(folder, "cu128", cu12),
         "standin:torch-cu130": standin_wheels.build_torch(folder, "cu130", cu13),
         "standin:triton": standin_wheels.build_triton(folder),
-        "standin:torchvision": standin_wheels.build_torchvision(folder),
+        "standin:torchvision-cu128": standin_wheels.build_torchvision(folder, lane="cu128"),
+        "standin:torchvision-cu130": standin_wheels.build_torchvision(folder, lane="cu130"),
         "standin:lab-server": standin_dist.build_standin_wheel(folder),
     }
     deps = folder / "deps"

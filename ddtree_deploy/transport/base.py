@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, Self, runtime_checkable
 
 from ddtree_deploy.errors import CommandTimeout, RemoteCommandError, SudoError
 
@@ -245,7 +245,7 @@ class ExecTransport(ABC):
     def close(self) -> None:  # pragma: no cover - overridden where there is state
         return None
 
-    def __enter__(self) -> ExecTransport:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -243,7 +243,7 @@ def scan_key(
         return transport.get_remote_server_key()
     except paramiko.SSHException as exc:
         text = str(exc)
-        if "banner" in text.lower():
+        if "banner" in text.lower() or not transport.remote_version:
             raise UnreachableError(
                 f"{label} ({address}:{port}) unreachable: no SSH banner within {timeout:g}s"
             ) from exc

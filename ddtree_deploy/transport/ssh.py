@@ -35,6 +35,7 @@ from ddtree_deploy.transport.hostkeys import (
     unknown_key_error,
 )
 
+EOF_GRACE = 1.0  # seconds of silence after the exit status before output counts as complete
 Uploader = Callable[["SshTransport", BinaryIO, str, "int | None"], int]
 
 
@@ -230,7 +231,8 @@ class SshTransport(ExecTransport):
 
     def _map_handshake(self, exc: paramiko.SSHException, recorded: list[Any]) -> TransportError:
         text = str(exc)
-        if "banner" in text.lower():
+        wire = self._conn.client.get_transport()
+        if "banner" in text.lower() or wire is None or not wire.remote_version:
             return UnreachableError(
                 f"{self._where()} unreachable: no SSH banner within {self.connect_timeout:g}s"
             )
@@ -316,17 +318,24 @@ class SshTransport(ExecTransport):
             )
             feeder.start()
         timed_out = False
+        last_data = time.monotonic()
         while True:
             while chan.recv_ready():
                 data = chan.recv(CHUNK)
+                last_data = time.monotonic()
                 if stdout is None:
                     out.append(data)
                 else:
                     stdout.write(data)
             while chan.recv_stderr_ready():
                 err.append(chan.recv_stderr(CHUNK))
+                last_data = time.monotonic()
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
+                # sshd may report the exit status before the last output: wait for EOF,
+                # unless a background process holds the output open (quiet for EOF_GRACE).
+                drained = chan.eof_received or chan.closed
+                if drained or time.monotonic() - last_data > EOF_GRACE:
+                    break
             wait = 0.2
             if deadline is not None:
                 left = deadline - time.monotonic()
