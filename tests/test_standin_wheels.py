@@ -29,22 +29,20 @@ from ddtree_deploy.lab.elfstub import read_dynamic
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
 if not FIXTURES.is_dir():
     FIXTURES = Path("/work/shared/fixtures/real")
-WHEEL_DIRS = [Path(p) for p in os.environ.get("DDTREE_WHEELHOUSE", "").split(":") if p]
-WHEEL_DIRS.append(Path("/tmp/wh"))  # noqa: S108 (where the workstation keeps downloads)
 RUNTIME = {
-    "cu130": "nvidia_cuda_runtime-13.0.96-*.whl",
-    "cu128": "nvidia_cuda_runtime_cu12-12.8.90-*.whl",
+    "cu130": "nvidia-cuda-runtime==13.0.96",
+    "cu128": "nvidia-cuda-runtime-cu12==12.8.90",
 }
 LDSO = Path("/lib64/ld-linux-x86-64.so.2")
 NOT_FOUND = "cannot open shared object file: No such file or directory"
 
 
 def _runtime_wheel(lane: str) -> Path:
-    for folder in WHEEL_DIRS:
-        hits = sorted(folder.glob(RUNTIME[lane]))
-        if hits:
-            return hits[0]
-    pytest.skip(f"real CUDA runtime wheel {RUNTIME[lane]} not found (set DDTREE_WHEELHOUSE)")
+    # The real runtime wheels, from the lab's wheelhouse (downloaded once from the registry).
+    from ddtree_deploy.lab.manager import lab_cache_dir
+    from ddtree_deploy.lab.wheelhouse import download_real
+
+    return download_real(lab_cache_dir() / "wheels" / "real")[RUNTIME[lane]]
 
 
 def _python311() -> str:
