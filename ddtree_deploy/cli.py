@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from ddtree_deploy import __version__, cli_lab
+from ddtree_deploy import __version__, cli_hosts, cli_lab
 from ddtree_deploy.errors import DeployError
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.add_typer(cli_hosts.app, name="hosts")
 app.add_typer(cli_lab.app, name="lab")
 
 err = Console(stderr=True)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv)
     except DeployError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         err.print("interrupted")

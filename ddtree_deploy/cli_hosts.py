@@ -1,8 +1,7 @@
-"""`ddtree-deploy hosts ...`: host-key trust (the thin CLI over transport.hostkeys).
+"""`ddtree-deploy hosts list | check | trust` (thin: parse, call, render).
 
-The sub-app learns where a host lives through a resolver passed in by the main
-CLI (normally backed by hosts.yaml); without one, HOST is read as
-`addr`, `addr:port` or `[addr]:port` and keys go to the default known_hosts file.
+HOST is a name from the hosts file; `trust` also takes `addr`, `addr:port` or
+`[addr]:port` for a host not in the file (keys then go to ~/.ssh/known_hosts).
 """
 
 from __future__ import annotations
@@ -13,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from ddtree_deploy import paths
-from ddtree_deploy.errors import DeployError, UsageError
+from ddtree_deploy.cli_common import config_of, hosts_or_all
+from ddtree_deploy.errors import ConfigError, UsageError
+from ddtree_deploy.fanout import exit_code, fan_out
 from ddtree_deploy.transport.hostkeys import trust_host
 
 
@@ -33,7 +35,7 @@ _BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\]:(?P<port>\d+)\Z")
 
 
 def default_known_hosts() -> Path:
-    return paths.config_dir() / "known_hosts"
+    return Path.home() / ".ssh" / "known_hosts"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -67,47 +69,100 @@ def _ask(question: str) -> bool:
         return False
 
 
-def make_hosts_app(resolve: Resolver | None = None, *, timeout: float = 10.0) -> typer.Typer:
-    """The `hosts` sub-app; `resolve` maps a HOST argument to where and what to trust."""
-    app = typer.Typer(help="Host keys and reachability.", no_args_is_help=True)
-    resolver = resolve or default_resolver
-
-    @app.callback()
-    def hosts() -> None:
-        """Host keys and reachability."""
-
-    @app.command("trust")
-    def trust(
-        host: str = typer.Argument(..., help="host name from hosts.yaml, or addr[:port]"),
-        yes: bool = typer.Option(False, "--yes", "-y", help="record the key without asking"),
-        connect_timeout: float = typer.Option(
-            timeout, "--timeout", min=0.1, help="seconds to wait for the host"
-        ),
-    ) -> None:
-        """Show HOST's SSH key fingerprint and record it in known_hosts after confirmation."""
-        try:
-            target = resolver(host)
-            outcome = trust_host(
-                target.address,
-                target.port,
-                target.known_hosts,
-                confirm=(lambda _q: True) if yes else _ask,
-                timeout=connect_timeout,
-                label=target.label,
-            )
-        except DeployError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(int(exc.exit_code)) from None
-        shown = f"{outcome.name}: {outcome.keytype} {outcome.fingerprint}"
-        if outcome.status == "already-known":
-            typer.echo(f"{shown} is already known ({outcome.known_hosts}); nothing to do")
-        elif outcome.status == "added":
-            typer.echo(f"{shown} recorded in {outcome.known_hosts}")
-        else:
-            typer.echo(f"{shown} NOT recorded (not confirmed)", err=True)
-            raise typer.Exit(1)
-
-    return app
+def resolve(ctx: typer.Context, host: str) -> TrustTarget:
+    """A host of the hosts file, else an address."""
+    try:
+        config = config_of(ctx)
+    except ConfigError:
+        config = None
+    if config is not None and host in config.hosts:
+        spec = config.host(host)
+        if not spec.address:
+            raise UsageError(f"{host} is an ~/.ssh/config alias: trust it with ssh itself")
+        return TrustTarget(host, spec.address, spec.port, spec.known_hosts)
+    return default_resolver(host)
 
 
-app = make_hosts_app()
+app = typer.Typer(help="Hosts of the hosts file: list, check over SSH, trust keys.",
+                  no_args_is_help=True)
+out = Console()
+
+
+@app.command("list")
+def list_hosts(ctx: typer.Context) -> None:
+    """The hosts and deployments of the hosts file (validated in full)."""
+    config = config_of(ctx)
+    table = Table(title=f"hosts ({config.path})")
+    for col in ("host", "target", "user", "GPUs expected", "venvs"):
+        table.add_column(col)
+    for name, spec in config.hosts.items():
+        gpus = f"{spec.gpus.count}x {spec.gpus.model or ''}".strip() if spec.gpus else "-"
+        venvs = ", ".join(f"{v}={p.path}" for v, p in spec.venvs.items())
+        table.add_row(name, f"{spec.target}:{spec.port}", spec.user, gpus, venvs)
+    out.print(table)
+    deps = Table(title="deployments")
+    for col in ("deployment", "host", "venv", "lane", "algorithm", "gpu", "port"):
+        deps.add_column(col)
+    for name, dep in config.deployments.items():
+        deps.add_row(name, dep.host, dep.venv, dep.cuda_lane, dep.algorithm,
+                     str(dep.gpu if dep.gpu is not None else "auto"),
+                     str(dep.port if dep.port is not None else "auto"))
+    out.print(deps)
+
+
+@app.command("check")
+def check(
+    ctx: typer.Context,
+    hosts: list[str] = typer.Argument(None, help="hosts to check (default: all)"),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
+) -> None:
+    """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""
+    from ddtree_deploy.hostcheck import check_host
+
+    config = config_of(ctx)
+    names = hosts_or_all(config, hosts)
+    outcomes = fan_out(names, lambda h: check_host(config, config.host(h)),
+                       concurrency=concurrency)
+    table = Table(title="hosts check")
+    for col in ("host", "status", "hostname", "GPUs (used/total MiB)", "venvs"):
+        table.add_column(col)
+    for o in outcomes:
+        if o.value is None:
+            table.add_row(o.host, "[red]failed[/red]", str(o.error), "", "")
+            continue
+        c = o.value
+        gpus = "\n".join(f"{g.index} {g.name} {g.used_mib}/{g.total_mib}" for g in c.gpus)
+        venvs = "\n".join(f"{'ok' if ok else 'MISSING'} {p}" for p, ok in c.venvs.items())
+        table.add_row(o.host, "[green]ok[/green]", c.hostname, gpus or c.gpu_error, venvs)
+    out.print(table)
+    code = exit_code(outcomes)
+    if code:
+        raise typer.Exit(int(code))
+
+
+@app.command("trust")
+def trust(
+    ctx: typer.Context,
+    host: str = typer.Argument(..., help="host name from hosts.yaml, or addr[:port]"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="record the key without asking"),
+    connect_timeout: float = typer.Option(10.0, "--timeout", min=0.1,
+                                          help="seconds to wait for the host"),
+) -> None:
+    """Show HOST's SSH key fingerprint and record it in known_hosts after confirmation."""
+    target = resolve(ctx, host)
+    outcome = trust_host(
+        target.address,
+        target.port,
+        target.known_hosts,
+        confirm=(lambda _q: True) if yes else _ask,
+        timeout=connect_timeout,
+        label=target.label,
+    )
+    shown = f"{outcome.name}: {outcome.keytype} {outcome.fingerprint}"
+    if outcome.status == "already-known":
+        typer.echo(f"{shown} is already known ({outcome.known_hosts}); nothing to do")
+    elif outcome.status == "added":
+        typer.echo(f"{shown} recorded in {outcome.known_hosts}")
+    else:
+        typer.echo(f"{shown} NOT recorded (not confirmed)", err=True)
+        raise typer.Exit(1)

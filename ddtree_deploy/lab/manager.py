@@ -110,7 +110,9 @@ def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:
     return removed
 
 
-def up(extra: int = 0, report: Report = lambda _m: None, boot_timeout: float = 60.0) -> list[LabHost]:
+def up(
+    extra: int = 0, report: Report = lambda _m: None, boot_timeout: float = 60.0
+) -> list[LabHost]:
     """Bring the lab up from whatever state the machine is in; return its hosts."""
     _require_root()
     hosts = lab_hosts(extra)
