@@ -46,7 +46,7 @@ def gpu_index_of(config: Config, host: str) -> dict[str, str]:
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (lab address)
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

@@ -2,8 +2,8 @@
 
 Runs locally (no containers): temp venvs made with ``python3 -m venv`` and the
 real wheels (sglang 0.5.10/0.5.11, flashinfer 0.6.3/0.6.8.post1, xgrammar
-0.1.10/0.1.32, soundfile + cffi) from the wheel folder ($DDTREE_TEST_WHEELS, else
-<tmp>/wh). States are composed from per-package folders on PYTHONPATH on top of a
+0.1.10/0.1.32, soundfile + cffi) from the lab's wheelhouse (downloaded once from
+the registry, cached). States are composed from per-package folders on PYTHONPATH on top of a
 venv that holds only our distribution (its .pth must sit in site-packages).
 """
 
@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +26,6 @@ import pytest
 
 from ddtree_deploy.lab import standin_dist
 
-WHEELS = Path(os.environ.get("DDTREE_TEST_WHEELS") or Path(tempfile.gettempdir()) / "wh")
 PATTERNS = {
     "sglang-0.5.11": "sglang-0.5.11-*.whl", "sglang-0.5.10": "sglang-0.5.10-*.whl",
     "fi-0.6.3": "flashinfer_python-0.6.3-*.whl", "fi-0.6.8": "flashinfer_python-0.6.8.post1-*.whl",
@@ -62,11 +60,15 @@ def _need_python311() -> str:
 def lab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A venv with only ddtree-lab-standin, plus one folder per package state."""
     python = _need_python311()
-    missing = [p for p in PATTERNS.values() if not list(WHEELS.glob(p))]
+    from ddtree_deploy.lab.manager import lab_cache_dir
+    from ddtree_deploy.lab.wheelhouse import download_real
+
+    wheels_dir = download_real(lab_cache_dir() / "wheels" / "real")["sglang==0.5.11"].parent
+    missing = [p for p in PATTERNS.values() if not list(wheels_dir.glob(p))]
     if missing:
         if os.environ.get("CI"):
-            pytest.fail(f"wheels missing in {WHEELS}: {missing}")
-        pytest.skip(f"wheels missing in {WHEELS}: {missing}")
+            pytest.fail(f"wheels missing in {wheels_dir}: {missing}")
+        pytest.skip(f"wheels missing in {wheels_dir}: {missing}")
     root = tmp_path_factory.mktemp("standin")
     wheel = standin_dist.build_standin_wheel(root / "dist")
     venv = root / "venv"
@@ -77,7 +79,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     dirs: dict[str, Path] = {"venv": venv, "root": root}
     for key, pattern in PATTERNS.items():
         dirs[key] = root / "pkgs" / key
-        subprocess.run([*pip, "--target", str(dirs[key]), str(next(WHEELS.glob(pattern)))],
+        subprocess.run([*pip, "--target", str(dirs[key]), str(next(wheels_dir.glob(pattern)))],
                        check=True, capture_output=True)
     # sgl_kernel: a minimal local package (the lab uses the real stand-in wheel).
     dirs["sgl_kernel"] = root / "pkgs" / "sgl_kernel"

@@ -9,6 +9,7 @@ import os
 import random
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -18,9 +19,7 @@ from pathlib import Path
 
 import pytest
 from sshd_fixture import Sshd, free_port, keygen, openssh_fingerprint, sshd_available
-from typer.testing import CliRunner
 
-from ddtree_deploy.cli_hosts import TrustTarget, make_hosts_app
 from ddtree_deploy.errors import (
     AuthError,
     CommandTimeout,
@@ -275,33 +274,44 @@ def test_trust_refuses_a_changed_key(sshd: Sshd, tmp_path: Path) -> None:
     assert len(kh.read_text().splitlines()) == 1
 
 
+def cli(*args: str, input_text: str = "") -> subprocess.CompletedProcess[str]:
+    """The real console entry point, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddtree_deploy.cli", *args],
+        input=input_text, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
 def test_hosts_trust_cli(sshd: Sshd, tmp_path: Path) -> None:
     kh = tmp_path / "known_hosts"
-    targets = {"ct200": TrustTarget("ct200", "127.0.0.1", sshd.port, kh)}
-    app = make_hosts_app(lambda name: targets[name])
-    runner = CliRunner()
-    refused = runner.invoke(app, ["trust", "ct200"], input="n\n")
-    assert refused.exit_code == 1 and not kh.exists()
-    ok = runner.invoke(app, ["trust", "ct200", "--yes"])
-    assert ok.exit_code == 0, ok.output
-    assert openssh_fingerprint(sshd.host_key.with_suffix(".pub")) in ok.output
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(
+        "version: 1\nhosts:\n  ct200:\n    address: 127.0.0.1\n"
+        f"    port: {sshd.port}\n    known_hosts: {kh}\n"
+    )
+    refused = cli("--hosts", str(hosts), "hosts", "trust", "ct200", input_text="n\n")
+    assert refused.returncode == 1 and not kh.exists()
+    assert "NOT recorded" in refused.stderr
+    ok = cli("--hosts", str(hosts), "hosts", "trust", "ct200", "--yes")
+    assert ok.returncode == 0, ok.stderr
+    assert openssh_fingerprint(sshd.host_key.with_suffix(".pub")) in ok.stdout
     assert KnownHosts(kh).lookup("127.0.0.1", sshd.port)
-    again = runner.invoke(app, ["trust", "ct200"])
-    assert again.exit_code == 0 and "already known" in again.output
+    again = cli("--hosts", str(hosts), "hosts", "trust", "ct200")
+    assert again.returncode == 0 and "already known" in again.stdout
 
 
 def test_hosts_trust_cli_unreachable_is_a_message(tmp_path: Path) -> None:
     port = free_port()
-    app = make_hosts_app()
-    result = CliRunner().invoke(app, ["trust", f"127.0.0.1:{port}", "--timeout", "2"])
-    assert result.exit_code == 1
-    assert "unreachable" in result.output and "Traceback" not in result.output
+    result = cli("--hosts", str(tmp_path / "none.yaml"), "hosts", "trust",
+                 f"127.0.0.1:{port}", "--timeout", "2")
+    assert result.returncode == 1
+    assert "unreachable" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_hosts_trust_cli_bad_address_is_a_usage_message() -> None:
-    result = CliRunner().invoke(make_hosts_app(), ["trust", "127.0.0.1:99999"])
-    assert result.exit_code == 2
-    assert "not a TCP port" in result.output and "Traceback" not in result.output
+def test_hosts_trust_cli_bad_address_is_a_usage_message(tmp_path: Path) -> None:
+    result = cli("--hosts", str(tmp_path / "none.yaml"), "hosts", "trust", "127.0.0.1:99999")
+    assert result.returncode == 2
+    assert "not a TCP port" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_trust_scan_of_a_silent_server_is_unreachable(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ writable layer, made empty at every `lab up`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -134,10 +135,8 @@ def stop(pid: int, grace_s: float = 20.0) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def nspawn_pids_for(root: Path) -> list[int]:
