@@ -28,7 +28,8 @@ def timed(*args: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warm-runs", type=int, default=5)
-    ap.add_argument("--cold", action="store_true", help="also purge the caches and time one cold up")
+    ap.add_argument("--cold", action="store_true",
+                    help="also purge the caches and time one cold up")
     args = ap.parse_args()
     if args.cold:
         timed("lab", "down", "--purge")

@@ -143,7 +143,7 @@ class Listener(BaseModel):
 
 class Services(Part):
     uv: str | None = None  # uv's path on the host
-    nvcc: str | None = None  # nvcc's path (CUDA_HOME, PATH, /usr/local/cuda), as flashinfer finds it
+    nvcc: str | None = None  # nvcc as flashinfer finds it (CUDA_HOME, PATH, /usr/local/cuda)
     nvcc_version: str | None = None  # "12.8"
     units: list[Unit] = Field(default_factory=list)  # names matching sglang|ddtree (+ GPU holders)
     listeners: list[Listener] = Field(default_factory=list)
