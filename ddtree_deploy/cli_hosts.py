@@ -131,7 +131,9 @@ def check(
             table.add_row(o.host, "[red]failed[/red]", str(o.error), "", "")
             continue
         c = o.value
-        gpus = "\n".join(f"{g.index} {g.name} {g.used_mib}/{g.total_mib}" for g in c.gpus)
+        models = sorted({g.name for g in c.gpus})
+        gpus = "\n".join([f"{len(c.gpus)}x {', '.join(models)}"] if c.gpus else [])
+        gpus += "".join(f"\n GPU{g.index}: {g.used_mib}/{g.total_mib}" for g in c.gpus)
         venvs = "\n".join(f"{'ok' if ok else 'MISSING'} {p}" for p, ok in c.venvs.items())
         table.add_row(o.host, "[green]ok[/green]", c.hostname, gpus or c.gpu_error, venvs)
     out.print(table)

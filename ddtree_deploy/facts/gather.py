@@ -1,0 +1,90 @@
+"""Gather facts: the probe goes to the host on stdin and comes back as JSON, in one round trip."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ddtree_deploy.config import Config, HostSpec
+from ddtree_deploy.connect import open_transport
+from ddtree_deploy.errors import RemoteCommandError
+from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
+from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.fanout import Outcome, fan_out
+from ddtree_deploy.transport import Command
+
+PROBE_TIMEOUT_S = 60.0
+
+
+def probe_source() -> str:
+    """The probe as one stdlib-only script."""
+    try:
+        from ddtree_deploy.facts.bundle import probe_source as bundled
+    except ImportError:
+        return (Path(__file__).with_name("probe.py")).read_text(encoding="utf-8")
+    return bundled()
+
+
+def probe_command(spec: HostSpec, extra_venvs: list[str] | None = None) -> Command:
+    args = ["--host-name", spec.name, "--discover"]
+    for path in [*(str(v.path) for v in spec.venvs.values()), *(extra_venvs or [])]:
+        args += ["--venv", path]
+    return Command(argv=("python3", "-", *args), stdin=probe_source().encode())
+
+
+def parse_output(host: str, stdout: str, duration: float) -> Facts:
+    """The probe's JSON -> Facts, stamped with the host's name and the time taken."""
+    try:
+        data = json.loads(stdout)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        data["host"] = host
+        data["taken_at"] = time.time()
+        data["duration_s"] = round(duration, 3)
+        return Facts.model_validate(data)
+    except (ValueError, ValidationError) as exc:
+        head = stdout.strip()[:200] or "(no output)"
+        raise RemoteCommandError(f"{host}: the facts probe returned no valid JSON ({exc}); "
+                                 f"it printed: {head}") from exc
+
+
+def gather(config: Config, spec: HostSpec, extra_venvs: list[str] | None = None) -> Facts:
+    cmd = probe_command(spec, extra_venvs)
+    with open_transport(config, spec) as transport:
+        result = transport.run(cmd, timeout=min(spec.command_timeout, PROBE_TIMEOUT_S))
+    if result.exit_code == 127 or "python3: not found" in result.stderr:
+        raise RemoteCommandError(f"{spec.name}: python3 is not installed on the host; "
+                                 "the facts probe needs it")
+    if not result.ok:
+        raise RemoteCommandError(f"{spec.name}: the facts probe failed (exit {result.exit_code}): "
+                                 f"{result.stderr.strip()[-400:]}")
+    return parse_output(spec.name, result.stdout, result.duration)
+
+
+def collect(
+    config: Config,
+    hosts: list[str],
+    *,
+    cache: FactsCache,
+    refresh: bool = False,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    concurrency: int = 8,
+    extra_venvs: dict[str, list[str]] | None = None,
+) -> list[Outcome[Facts]]:
+    """Facts for each host, from the cache when fresh, else gathered (in parallel)."""
+
+    def one(name: str) -> Facts:
+        spec = config.host(name)
+        extra = (extra_venvs or {}).get(name, [])
+        if not refresh:
+            cached = cache.load(spec, max_age_s)
+            if cached is not None and all(cached.venv(p) for p in extra):
+                return cached
+        facts = gather(config, spec, extra)
+        cache.save(spec, facts)
+        return facts
+
+    return fan_out(hosts, one, concurrency=concurrency)
