@@ -18,7 +18,6 @@ from rich.table import Table
 from ddtree_deploy.cli_common import config_of, hosts_or_all
 from ddtree_deploy.errors import ConfigError, UsageError
 from ddtree_deploy.fanout import exit_code, fan_out
-from ddtree_deploy.transport.hostkeys import trust_host
 
 
 @dataclass(frozen=True)
@@ -151,6 +150,8 @@ def trust(
                                           help="seconds to wait for the host"),
 ) -> None:
     """Show HOST's SSH key fingerprint and record it in known_hosts after confirmation."""
+    from ddtree_deploy.transport.hostkeys import trust_host
+
     target = resolve(ctx, host)
     outcome = trust_host(
         target.address,

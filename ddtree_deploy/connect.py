@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from ddtree_deploy.config import Config, HostSpec
-from ddtree_deploy.transport import LocalTransport, SshTransport
 from ddtree_deploy.transport.base import ExecTransport
 
 
 def open_transport(config: Config, host: HostSpec | str) -> ExecTransport:
     """A transport to `host` (connected lazily, on first use). Jump hosts chain."""
+    from ddtree_deploy.transport.local import LocalTransport
+    from ddtree_deploy.transport.ssh import SshTransport
+
     spec = config.host(host) if isinstance(host, str) else host
     if spec.is_local:
         return LocalTransport(host=spec.name)
