@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from ddtree_deploy import __version__, cli_hosts, cli_lab
+from ddtree_deploy import __version__, cli_hosts, cli_inventory, cli_lab
 from ddtree_deploy.errors import DeployError
 
 app = typer.Typer(
@@ -21,6 +21,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.command()(cli_inventory.inventory)
+app.command()(cli_inventory.doctor)
 app.add_typer(cli_hosts.app, name="hosts")
 app.add_typer(cli_lab.app, name="lab")
 

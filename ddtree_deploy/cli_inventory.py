@@ -1,0 +1,93 @@
+"""`ddtree-deploy inventory` and `ddtree-deploy doctor` (thin: parse, call, render)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+
+from ddtree_deploy.cli_common import config_of, hosts_or_all
+from ddtree_deploy.errors import ExitCode, UsageError
+from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
+from ddtree_deploy.facts.gather import collect
+from ddtree_deploy.fanout import exit_code
+
+out = Console()
+err = Console(stderr=True)
+
+REFRESH = typer.Option(False, "--refresh", help="gather new facts even when cached ones are fresh")
+MAX_AGE = typer.Option(DEFAULT_MAX_AGE_S, "--max-age", min=0,
+                       help="seconds cached facts stay fresh")
+AS_JSON = typer.Option(False, "--json", help="print JSON for machines")
+
+
+def inventory(
+    ctx: typer.Context,
+    hosts: list[str] = typer.Argument(None, help="hosts (default: every host of the hosts file)"),
+    refresh: bool = REFRESH,
+    max_age: float = MAX_AGE,
+    as_json: bool = AS_JSON,
+    concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
+) -> None:
+    """Know every host before touching it: GPUs (busy, dead), venvs and their CUDA lanes."""
+    from ddtree_deploy.render_inventory import gpu_table, venv_table
+
+    config = config_of(ctx)
+    names = hosts_or_all(config, hosts)
+    with err.status(f"gathering facts from {len(names)} host(s) ..."):
+        outcomes = collect(config, names, cache=FactsCache(), refresh=refresh, max_age_s=max_age,
+                           concurrency=concurrency)
+    if as_json:
+        payload = [
+            o.value.model_dump(mode="json") if o.value is not None
+            else {"host": o.host, "error": str(o.error)}
+            for o in outcomes
+        ]
+        out.print_json(json.dumps(payload))
+    else:
+        out.print(gpu_table(outcomes))
+        out.print(venv_table(outcomes))
+    code = exit_code(outcomes)
+    if code:
+        raise typer.Exit(int(ExitCode.PARTIAL if len(outcomes) > 1 else code))
+
+
+def doctor(
+    ctx: typer.Context,
+    host: str = typer.Argument(..., help="the host to examine"),
+    venv: str = typer.Option(None, "--venv", help="examine this venv (a path on the host)"),
+    deployment: str = typer.Option(None, "--deployment",
+                                   help="check against what this deployment needs"),
+    refresh: bool = REFRESH,
+    max_age: float = MAX_AGE,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Findings for a host (and one venv or deployment), each with evidence and a remedy."""
+    from ddtree_deploy.render_inventory import findings_table
+    from ddtree_deploy.rules.engine import diagnose
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    dep = config.deployment(deployment) if deployment else None
+    if dep is not None and dep.host != spec.name:
+        raise UsageError(f"deployment '{deployment}' runs on {dep.host}, not on {spec.name}")
+    if dep is not None and venv is None:
+        venv = str(spec.venvs[dep.venv].path)
+    extra = {spec.name: [venv]} if venv else None
+    (outcome,) = collect(config, [spec.name], cache=FactsCache(), refresh=refresh,
+                         max_age_s=max_age, extra_venvs=extra)
+    if outcome.value is None:
+        assert outcome.error is not None
+        raise outcome.error
+    findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=None)
+    if as_json:
+        out.print_json(json.dumps({
+            "host": spec.name,
+            "venv": venv,
+            "findings": [f.to_json() for f in findings],
+        }))
+    else:
+        out.print(findings_table(spec.name, venv, findings))
+    if any(f.severity == "error" for f in findings):
+        raise typer.Exit(int(ExitCode.FAILED))
