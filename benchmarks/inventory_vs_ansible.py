@@ -9,7 +9,8 @@ on cached facts (goal <= 0.3 s).
     .venv/bin/python benchmarks/inventory_vs_ansible.py [--runs 5] [--ansible PATH]
 
 Ansible: ansible-core from the registry in a venv of its own, e.g.
-    python3 -m venv /opt/ddtree-bench-ansible && /opt/ddtree-bench-ansible/bin/pip install ansible-core
+    python3 -m venv /opt/ddtree-bench-ansible
+    /opt/ddtree-bench-ansible/bin/pip install ansible-core
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def main() -> None:
         doctor.append(timed(doctor_cmd))
     mo, mt, md = (statistics.median(x) for x in (ours, theirs, doctor))
     print(f"hosts: {len(rows)}; runs: {args.runs}")
-    print(f"ddtree-deploy inventory --refresh: median {mo:.2f}s ({', '.join(f'{x:.2f}' for x in ours)})")
-    print(f"ansible all -m setup:              median {mt:.2f}s ({', '.join(f'{x:.2f}' for x in theirs)})")
+    each = {name: ", ".join(f"{x:.2f}" for x in xs) for name, xs in (("o", ours), ("t", theirs))}
+    print(f"ddtree-deploy inventory --refresh: median {mo:.2f}s ({each['o']})")
+    print(f"ansible all -m setup:              median {mt:.2f}s ({each['t']})")
     print(f"ratio inventory/ansible: {mo / mt:.3f} (goal <= 0.2)")
     print(f"doctor on cached facts (whole CLI process): median {md:.2f}s (goal <= 0.3)")
 

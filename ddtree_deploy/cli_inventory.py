@@ -70,6 +70,11 @@ def doctor(
     config = config_of(ctx)
     spec = config.host(host)
     dep = config.deployment(deployment) if deployment else None
+    if dep is None and venv is not None and len(config.deployments_on(spec)) == 1:
+        # One deployment on this host: check the venv against what it needs.
+        dep = config.deployments_on(spec)[0]
+        err.print(f"checking against deployment '{dep.name}' (the only one on {spec.name}); "
+                  "--deployment picks another")
     if dep is not None and dep.host != spec.name:
         raise UsageError(f"deployment '{deployment}' runs on {dep.host}, not on {spec.name}")
     if dep is not None and venv is None:

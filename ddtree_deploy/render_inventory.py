@@ -10,12 +10,15 @@ from ddtree_deploy.rules.findings import Finding
 from ddtree_deploy.rules.lane import lane
 
 KEY_PACKAGES = ("sglang", "sglang-kernel", "flashinfer-python", "xgrammar", "soundfile")
+SHORT = {"sglang-kernel": "kernel", "flashinfer-python": "flashinfer"}
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _gpu_state(gpu: Gpu) -> str:
     if gpu.dead:
-        return f"[bold red]DEAD[/bold red] {gpu.error or ''}".strip()
+        # "temperature: Unknown Error; pstate: Unknown Error" -> "Unknown Error"
+        causes = sorted({p.split(":", 1)[-1].strip() for p in (gpu.error or "").split(";")} - {""})
+        return f"[bold red]DEAD[/bold red] {', '.join(causes)}".strip()
     if gpu.processes:
         return "[yellow]busy[/yellow]"
     return "[green]free[/green]"
@@ -35,9 +38,9 @@ def _holders(gpu: Gpu) -> str:
 
 def gpu_table(outcomes: list[Outcome[Facts]]) -> Table:
     table = Table(title="hosts x GPUs")
-    for col in ("host", "driver / CUDA", "GPU", "name", "SM", "memory used/total MiB", "state",
+    for col in ("host", "driver/CUDA", "GPU", "model", "SM", "MiB used/total", "state",
                 "held by"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("host", "GPU", "SM", "MiB used/total"))
     for o in outcomes:
         if o.value is None:
             table.add_row(o.host, "[red]unreachable[/red]", "", str(o.error), "", "", "", "")
@@ -49,7 +52,7 @@ def gpu_table(outcomes: list[Outcome[Facts]]) -> Table:
                           nv.error or "no NVIDIA GPU", "", "", "", "")
         for i, g in enumerate(nv.gpus):
             table.add_row(o.host if i == 0 else "", driver if i == 0 else "", str(g.index),
-                          g.name or "?", g.compute_cap or "?",
+                          (g.name or "?").removeprefix("NVIDIA "), g.compute_cap or "?",
                           f"{g.memory_used_mib if g.memory_used_mib is not None else '?'}/"
                           f"{g.memory_total_mib or '?'}",
                           _gpu_state(g), _holders(g))
@@ -59,7 +62,7 @@ def gpu_table(outcomes: list[Outcome[Facts]]) -> Table:
 def venv_table(outcomes: list[Outcome[Facts]]) -> Table:
     table = Table(title="venvs x key packages")
     for col in ("host", "venv", "python", "torch", "lane", *KEY_PACKAGES):
-        table.add_column(col)
+        table.add_column(SHORT.get(col, col), no_wrap=col in ("host", "venv", "torch", "lane"))
     for o in outcomes:
         if o.value is None:
             continue

@@ -83,7 +83,8 @@ class Extension(BaseModel):
     distribution: str | None = None  # owning distribution (from RECORD), canonical name
     needed: list[str] = Field(default_factory=list)  # DT_NEEDED entries that are CUDA libs
     cuda_majors: list[int] = Field(default_factory=list)  # from libcudart/libnvrtc/libcublas...
-    rpath: list[str] = Field(default_factory=list)
+    rpath: list[str] = Field(default_factory=list)  # RUNPATH if set, else RPATH
+    error: str | None = None  # the ELF could not be read (truncated, 32-bit, not ELF)
 
 
 class NvidiaLayout(BaseModel):
@@ -104,6 +105,8 @@ class SglangInfo(BaseModel):
     ddtree_is_dflash: bool | None = None
     server_flags: list[str] = Field(default_factory=list)  # --speculative-ddtree-* defined
     spec_error: str | None = None  # why spec_info could not be read
+    spec_source: str | None = None  # "runtime" (loaded by path in the venv's python) | "static"
+    spec_runtime_error: str | None = None  # why loading failed when spec_source is "static"
 
 
 class Venv(Part):

@@ -1,0 +1,180 @@
+"""The host probe's entry point: gather every part, print ONE JSON object (facts.model.Facts).
+
+Runs on the host as one stdlib-only script (facts/bundle.py joins the probe_* parts and this
+file) fed on stdin: `python3 - --venv /root/venv --discover --host-name ct200`. Importing it
+does nothing; main(argv) does the work. Each part is wrapped: an exception in one part becomes
+that part's "error" and the rest still report. Python >= 3.8 syntax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ddtree_deploy.facts.probe_sglang import WANTED_NAMES, exported_names, sglang_info
+from ddtree_deploy.facts.probe_sys import (
+    elapsed,
+    host_info,
+    listeners,
+    nvidia_info,
+    services,
+)
+from ddtree_deploy.facts.probe_venv import (
+    find_package_dir,
+    find_site_packages,
+    nvidia_layout,
+    scan_distributions,
+    scan_extensions,
+    torch_info,
+    venv_python_version,
+)
+
+PROBE_SCHEMA_VERSION = 1
+DISCOVER_ROOTS = ("/root", "/opt", "/home/*", "/srv")
+
+
+def part_error(exc: BaseException) -> str:
+    """One line naming the exception and where it happened (the probe's own frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (in {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def guarded(default: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return fn()
+    except Exception as exc:
+        out = dict(default)
+        out["error"] = part_error(exc)
+        return out
+
+
+def discover_venvs(roots: tuple[str, ...] | None = None) -> list[str]:
+    """Folders with bin/python and pyvenv.cfg at depth 1 or 2 under the roots (hidden too)."""
+    found: list[str] = []
+
+    def subdirs(path: str) -> list[str]:
+        try:
+            return sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+
+    def is_venv(path: str) -> bool:
+        return os.path.isfile(os.path.join(path, "pyvenv.cfg")) and os.path.lexists(
+            os.path.join(path, "bin", "python")
+        )
+
+    for pattern in DISCOVER_ROOTS if roots is None else roots:
+        for root in sorted(glob.glob(pattern)):
+            for child in subdirs(root):
+                if is_venv(child):
+                    found.append(child)
+                    continue
+                found += [g for g in subdirs(child) if is_venv(g)]
+    return found
+
+
+def probe_venv(path: str, declared: bool) -> dict[str, Any]:
+    """Everything about one venv; problems go to its "error", never out of here."""
+    out: dict[str, Any] = {"path": path, "declared": declared, "exists": os.path.isdir(path)}
+    if not out["exists"]:
+        out["error"] = f"{path}: no such directory"
+        return out
+    errors: list[str] = []
+    sp = find_site_packages(path)
+    out["site_packages"] = sp
+    out["python_version"] = venv_python_version(path, sp)
+    if sp is None:
+        out["error"] = f"{path}: no lib/python3*/site-packages"
+        return out
+    dists, owners, problems = scan_distributions(sp)
+    out["distributions"] = dists
+    errors += problems
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("torch", lambda: out.__setitem__("torch", torch_info(sp, dists))),
+        ("nvidia", lambda: out.__setitem__("nvidia", nvidia_layout(sp))),
+        ("extensions", lambda: _extensions(out, sp, owners, errors)),
+        ("sglang", lambda: out.__setitem__("sglang", _sglang(path, sp, dists))),
+        ("names", lambda: out.__setitem__("names", _names(sp))),
+    ]
+    for name, step in steps:
+        try:
+            step()
+        except Exception as exc:
+            errors.append(f"{name}: {part_error(exc)}")
+    out["error"] = "; ".join(errors) or None
+    return out
+
+
+def _extensions(out: dict[str, Any], sp: str, owners: dict[str, str], errors: list[str]) -> None:
+    entries, problem = scan_extensions(sp, owners)
+    out["extensions"] = entries
+    if problem:
+        errors.append(problem)
+
+
+def _sglang(venv: str, sp: str, dists: dict[str, str]) -> dict[str, Any] | None:
+    python = os.path.join(venv, "bin", "python")
+    return sglang_info(python, find_package_dir(sp, "sglang"), dists.get("sglang"))
+
+
+def _names(sp: str) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    for package, wanted in WANTED_NAMES.items():
+        pkg_dir = find_package_dir(sp, package)
+        if pkg_dir is not None:
+            names[package] = exported_names(pkg_dir, wanted)
+    return names
+
+
+def gather(venvs: list[str], discover: bool, host_name: str | None) -> dict[str, Any]:
+    start = time.monotonic()
+    declared = [os.path.normpath(v) for v in venvs]
+    found = [v for v in discover_venvs() if v not in declared] if discover else []
+    all_venvs = [(v, True) for v in dict.fromkeys(declared)] + [(v, False) for v in found]
+    facts: dict[str, Any] = {"schema_version": PROBE_SCHEMA_VERSION, "host": host_name or ""}
+    facts["host_info"] = guarded({}, lambda: host_info([v for v, _ in all_venvs]))
+    tcp: dict[str, Any] = guarded({"listeners": []}, lambda: _listeners_part())
+    ports_by_pid: dict[int, list[int]] = {}
+    for sock in tcp["listeners"]:
+        if sock.get("pid"):
+            ports_by_pid.setdefault(sock["pid"], []).append(sock["port"])
+    facts["nvidia"] = guarded({"present": False}, lambda: nvidia_info(ports_by_pid))
+    gpu_pids = [p["pid"] for g in facts["nvidia"].get("gpus", []) for p in g["processes"]]
+    facts["services"] = guarded(
+        {"listeners": tcp["listeners"]}, lambda: services(gpu_pids, tcp["listeners"])
+    )
+    if tcp.get("error"):
+        prior = facts["services"].get("error")
+        facts["services"]["error"] = "; ".join(e for e in (prior, tcp["error"]) if e)
+    facts["venvs"] = [_venv_part(v, d) for v, d in all_venvs]
+    facts["duration_s"] = elapsed(start)
+    return facts
+
+
+def _venv_part(path: str, declared: bool) -> dict[str, Any]:
+    return guarded({"path": path, "declared": declared}, lambda: probe_venv(path, declared))
+
+
+def _listeners_part() -> dict[str, Any]:
+    found, error = listeners()
+    return {"listeners": found, "error": error}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddtree-probe", description="Print this host's facts.")
+    parser.add_argument("--venv", action="append", default=[], help="a declared venv (repeat)")
+    parser.add_argument("--discover", action="store_true", help="also look for venvs")
+    parser.add_argument("--host-name", default=None, help="the host's name in hosts.yaml")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    facts = gather(args.venv, args.discover, args.host_name)
+    sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,330 @@
+"""The probe's host-wide parts: host info, NVIDIA driver and GPUs, units and TCP listeners.
+
+Every sub-command is bounded by a timeout; the three nvidia-smi calls run in parallel.
+Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import time
+from typing import Any
+
+from ddtree_deploy.facts.probe_parse import (
+    APPS_QUERY,
+    GPU_QUERY,
+    parse_cgroup_unit,
+    parse_driver_versions,
+    parse_glibc,
+    parse_list_units,
+    parse_meminfo,
+    parse_nvcc_version,
+    parse_os_release,
+    parse_proc_driver_version,
+    parse_proc_net_tcp,
+    parse_smi_apps,
+    parse_smi_gpus,
+    parse_systemctl_show,
+    socket_inode,
+)
+
+CMD_TIMEOUT_S = 5.0
+PROC = "/proc"  # tests point these at fixtures
+UNIT_RE = re.compile(r"sglang|ddtree", re.I)
+UV_PLACES = ("/root/.local/bin/uv", "/root/.cargo/bin/uv", "/usr/local/bin/uv", "/usr/bin/uv")
+
+
+class CmdResult:
+    """What one bounded sub-command did: rc None = it could not run (error says why)."""
+
+    def __init__(self, rc: int | None, out: str, err: str, error: str | None) -> None:
+        self.rc, self.out, self.err, self.error = rc, out, err, error
+
+    def why(self) -> str:
+        """A one-line reason for a failure."""
+        if self.error:
+            return self.error
+        text = (self.err.strip() or self.out.strip()).splitlines()
+        return f"exit {self.rc}" + (f": {text[-1].strip()}" if text else "")
+
+
+def start_cmd(argv: list[str]) -> subprocess.Popen[bytes] | CmdResult:
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError as exc:
+        reason = "not found" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
+        return CmdResult(None, "", "", f"{argv[0]}: {reason}")
+
+
+def finish_cmd(
+    proc: subprocess.Popen[bytes] | CmdResult, timeout: float = CMD_TIMEOUT_S
+) -> CmdResult:
+    """Wait for a started command at most `timeout` s; kill it after that. A process stuck in
+    the kernel (nvidia-smi on a dead GPU can be) is abandoned rather than waited for."""
+    if isinstance(proc, CmdResult):
+        return proc
+    try:
+        out, err = proc.communicate(timeout=max(timeout, 0.05))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        args = proc.args
+        name = str(args[0]) if isinstance(args, (list, tuple)) and args else str(args)
+        return CmdResult(None, "", "", f"{name} did not finish within {CMD_TIMEOUT_S:.0f}s")
+    return CmdResult(
+        proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), None
+    )
+
+
+def finish_all(
+    procs: list[subprocess.Popen[bytes] | CmdResult], timeout: float = CMD_TIMEOUT_S
+) -> list[CmdResult]:
+    """finish_cmd for commands started together, sharing one deadline."""
+    deadline = time.monotonic() + timeout
+    return [finish_cmd(p, deadline - time.monotonic()) for p in procs]
+
+
+def run_cmd(argv: list[str], timeout: float = CMD_TIMEOUT_S) -> CmdResult:
+    return finish_cmd(start_cmd(argv), timeout)
+
+
+def read_small(path: str, limit: int = 1 << 20) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read(limit)
+
+
+# ---- host ------------------------------------------------------------------------------------
+
+
+def existing_ancestor(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def host_info(venv_paths: list[str]) -> dict[str, Any]:
+    info: dict[str, Any] = {"disks": [], "python": platform.python_version()}
+    errors: list[str] = []
+    info["hostname"] = socket.gethostname()
+    info["kernel"] = platform.release()
+    info["cpu_count"] = os.cpu_count()
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        if os.path.isfile(path):
+            info["os"] = parse_os_release(read_small(path)).get("PRETTY_NAME")
+            break
+    try:
+        confstr = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError, AttributeError):
+        confstr = ""
+    info["glibc"] = parse_glibc(confstr)
+    if info["glibc"] is None:
+        ldd = run_cmd(["ldd", "--version"])
+        info["glibc"] = parse_glibc(ldd.out) if ldd.rc == 0 else None
+    try:
+        mem = parse_meminfo(read_small(os.path.join(PROC, "meminfo")))
+        info["mem_total_mib"] = mem["MemTotal"] // 1024 if "MemTotal" in mem else None
+        info["mem_available_mib"] = mem["MemAvailable"] // 1024 if "MemAvailable" in mem else None
+    except OSError as exc:
+        errors.append(f"meminfo: {exc.strerror or exc}")
+    seen: set[int] = set()
+    for path in ["/", *venv_paths]:
+        where = existing_ancestor(path)
+        try:
+            st = os.statvfs(where)
+            dev = os.stat(where).st_dev
+        except OSError as exc:
+            errors.append(f"disk {where}: {exc.strerror or exc}")
+            continue
+        if dev in seen:
+            continue
+        seen.add(dev)
+        info["disks"].append(
+            {"path": where, "free_mib": st.f_bavail * st.f_frsize // (1 << 20),
+             "total_mib": st.f_blocks * st.f_frsize // (1 << 20)}
+        )  # fmt: skip
+    info["error"] = "; ".join(errors) or None
+    return info
+
+
+# ---- processes and sockets -------------------------------------------------------------------
+
+
+def proc_comm(pid: int) -> str | None:
+    try:
+        return read_small(os.path.join(PROC, str(pid), "comm")).strip() or None
+    except OSError:
+        return None
+
+
+def proc_unit(pid: int) -> str | None:
+    try:
+        return parse_cgroup_unit(read_small(os.path.join(PROC, str(pid), "cgroup")))
+    except OSError:
+        return None
+
+
+def socket_owners(inodes: set[int]) -> dict[int, int]:
+    """{socket inode: pid} for the given inodes, from the links in /proc/PID/fd."""
+    owners: dict[int, int] = {}
+    if not inodes:
+        return owners
+    try:
+        pids = [int(p) for p in os.listdir(PROC) if p.isdigit()]
+    except OSError:
+        return owners
+    for pid in sorted(pids):
+        fd_dir = os.path.join(PROC, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # gone, or not ours to read
+        for fd in fds:
+            try:
+                inode = socket_inode(os.readlink(os.path.join(fd_dir, fd)))
+            except OSError:
+                continue
+            if inode in inodes and inode not in owners:
+                owners[inode] = pid
+        if len(owners) == len(inodes):
+            break
+    return owners
+
+
+def listeners() -> tuple[list[dict[str, Any]], str | None]:
+    """TCP listening sockets with their owning PID, process name and unit (from /proc)."""
+    found: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for name in ("tcp", "tcp6"):
+        try:
+            found += parse_proc_net_tcp(read_small(os.path.join(PROC, "net", name), 16 << 20))
+        except OSError as exc:
+            if name == "tcp":
+                errors.append(f"/proc/net/tcp: {exc.strerror or exc}")
+    owners = socket_owners({s["inode"] for s in found})
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    for sock in sorted(found, key=lambda s: (s["port"], s["address"])):
+        key = (sock["address"], sock["port"])
+        if key in seen:
+            continue
+        seen.add(key)
+        pid = owners.get(sock["inode"])
+        out.append(
+            {"port": sock["port"], "address": sock["address"], "pid": pid,
+             "process": proc_comm(pid) if pid else None, "unit": proc_unit(pid) if pid else None}
+        )  # fmt: skip
+    return out, "; ".join(errors) or None
+
+
+# ---- NVIDIA ----------------------------------------------------------------------------------
+
+
+def nvidia_info(ports_by_pid: dict[int, list[int]], smi: str = "nvidia-smi") -> dict[str, Any]:
+    """Driver, CUDA version and GPUs (dead ones with the error) from three parallel calls."""
+    info: dict[str, Any] = {"present": False, "driver_version": None, "cuda_version": None,
+                            "gpus": [], "error": None}  # fmt: skip
+    fmt = "--format=csv,noheader,nounits"
+    procs = [
+        start_cmd([smi, "--query-gpu=" + GPU_QUERY, fmt]),
+        start_cmd([smi, "--query-compute-apps=" + APPS_QUERY, fmt]),
+        start_cmd([smi]),
+    ]
+    gpus_r, apps_r, table_r = finish_all(procs)
+    errors: list[str] = []
+    info.update(parse_driver_versions(table_r.out))
+    if info["driver_version"] is None:
+        try:
+            text = read_small(os.path.join(PROC, "driver", "nvidia", "version"))
+            info["driver_version"] = parse_proc_driver_version(text)
+        except OSError:
+            pass
+    gpus = parse_smi_gpus(gpus_r.out) if gpus_r.rc is not None else []
+    if gpus_r.rc is None or (gpus_r.rc != 0 and not gpus):
+        errors.append(f"nvidia-smi --query-gpu: {gpus_r.why()}")
+    info["present"] = gpus_r.rc is not None and bool(gpus or gpus_r.rc == 0)
+    by_uuid = {g["uuid"]: g for g in gpus if g.get("uuid")}
+    if apps_r.rc == 0:
+        for app in parse_smi_apps(apps_r.out):
+            gpu = by_uuid.get(app.pop("gpu_uuid"))
+            if gpu is None:
+                continue
+            app["ports"] = sorted(ports_by_pid.get(app["pid"], []))
+            app["unit"] = proc_unit(app["pid"])
+            gpu["processes"].append(app)
+    elif gpus:
+        errors.append(f"nvidia-smi --query-compute-apps: {apps_r.why()}")
+    info["gpus"] = gpus
+    info["error"] = "; ".join(errors) or None
+    return info
+
+
+# ---- services --------------------------------------------------------------------------------
+
+
+def find_uv() -> str | None:
+    found = shutil.which("uv")
+    if found:
+        return found
+    home = os.path.expanduser("~")
+    for path in (os.path.join(home, ".local/bin/uv"), os.path.join(home, ".cargo/bin/uv"),
+                 *UV_PLACES):  # fmt: skip
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def find_nvcc() -> str | None:
+    """nvcc as flashinfer finds it: $CUDA_HOME/bin/nvcc, PATH, /usr/local/cuda/bin/nvcc."""
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and os.access(os.path.join(cuda_home, "bin", "nvcc"), os.X_OK):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.access(default, os.X_OK) else None
+
+
+def services(gpu_pids: list[int], listening: list[dict[str, Any]]) -> dict[str, Any]:
+    """uv, nvcc, systemd units (sglang|ddtree names, GPU holders, listeners) and listeners."""
+    info: dict[str, Any] = {"uv": find_uv(), "nvcc": find_nvcc(), "nvcc_version": None,
+                            "units": [], "listeners": listening, "error": None}  # fmt: skip
+    errors: list[str] = []
+    if info["nvcc"]:
+        nvcc = run_cmd([info["nvcc"], "--version"])
+        info["nvcc_version"] = parse_nvcc_version(nvcc.out)
+    wanted = {proc_unit(pid) for pid in gpu_pids} | {s["unit"] for s in listening}
+    wanted.discard(None)
+    listed = run_cmd(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager"])
+    if listed.rc is None or (listed.rc != 0 and not listed.out.strip()):
+        errors.append(f"systemctl list-units: {listed.why()}")
+    else:
+        units = [u for u in parse_list_units(listed.out)
+                 if UNIT_RE.search(u["name"]) or u["name"] in wanted]  # fmt: skip
+        if units:
+            shown = run_cmd(["systemctl", "show", "-p", "Id,MainPID"]
+                            + [u["name"] for u in units])  # fmt: skip
+            props = parse_systemctl_show(shown.out) if shown.rc == 0 else {}
+            for unit in units:
+                pid = props.get(unit["name"], {}).get("MainPID", "")
+                unit["main_pid"] = int(pid) if pid.isdigit() and pid != "0" else None
+        info["units"] = units
+    info["error"] = "; ".join(errors) or None
+    return info
+
+
+def elapsed(start: float) -> float:
+    return round(time.monotonic() - start, 3)
