@@ -1,0 +1,48 @@
+"""Inventory output captured on a real GPU host, read back through the tool's own models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.rules.engine import diagnose
+from ddtree_deploy.rules.lane import lane
+
+FIXTURE = Path(__file__).parent / "facts" / "inventory" / "h200-cu130.json"
+
+
+def load() -> Facts:
+    data = json.loads(FIXTURE.read_text())
+    assert "H200" in data["source"]
+    (host,) = data["output"]
+    return Facts.model_validate(host)
+
+
+def test_h200_gpu_and_driver() -> None:
+    facts = load()
+    assert facts.nvidia.driver_version is not None
+    assert facts.nvidia.driver_version.startswith("580.")
+    assert facts.nvidia.cuda_version == "13.0"
+    (gpu,) = facts.nvidia.gpus
+    assert gpu.name == "NVIDIA H200" and gpu.compute_cap == "9.0" and not gpu.dead
+    assert gpu.memory_total_mib == 143771
+
+
+def test_h200_torch_venv_is_cu130_with_its_library_folders() -> None:
+    venv = load().venv("/opt/torch/.venv")
+    assert venv is not None and venv.torch is not None
+    assert venv.torch.version == "2.11.0+cu130" and venv.torch.cuda == "13.0"
+    assert venv.torch.dist_version == "2.11.0"  # the dist-info says no local tag
+    assert venv.nvidia.cu13 and venv.nvidia.cu12_components == []
+    assert set(venv.nvidia.other) >= {"cudnn", "nccl", "nvshmem", "cusparselt"}
+    assert any(d.endswith("site-packages/nvidia/cu13/lib") for d in venv.nvidia.lib_dirs)
+    report = lane(venv)
+    assert report.lane == "cu130" and not report.mixed and report.majors == {13}
+    assert any(e.path.startswith("torch/lib/libtorch_cuda") for e in venv.extensions)
+
+
+def test_h200_torch_venv_has_no_errors() -> None:
+    facts = load()
+    findings = diagnose(facts, venv="/opt/torch/.venv", deployment=None, model_facts=None)
+    assert [f for f in findings if f.severity == "error"] == []
