@@ -66,6 +66,7 @@ def doctor(
     """Findings for a host (and one venv or deployment), each with evidence and a remedy."""
     from ddtree_deploy.render_inventory import findings_table
     from ddtree_deploy.rules.engine import diagnose
+    from ddtree_deploy.rules.model_fit import model_facts_from
 
     config = config_of(ctx)
     spec = config.host(host)
@@ -85,7 +86,14 @@ def doctor(
     if outcome.value is None:
         assert outcome.error is not None
         raise outcome.error
-    findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=None)
+    model_facts = None
+    if dep is not None:
+        model_facts = model_facts_from(
+            outcome.value,
+            str(dep.model_path) if dep.model_path else None,
+            str(dep.draft_model_path) if dep.draft_model_path else None,
+        )
+    findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=model_facts)
     if as_json:
         out.print_json(json.dumps({
             "host": spec.name,

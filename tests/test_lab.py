@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -214,3 +215,5 @@ def test_up_clears_leftovers_of_a_killed_run_and_down_leaves_nothing(lab: Config
     assert container.nspawn_pids_for(run_root) == []
     assert not run_root.exists()
     assert not Path("/sys/class/net/ddtl-ct129").exists()
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
+    assert "10.77." not in routes

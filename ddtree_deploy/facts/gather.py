@@ -28,10 +28,22 @@ def probe_source() -> str:
     return bundled()
 
 
-def probe_command(spec: HostSpec, extra_venvs: list[str] | None = None) -> Command:
+def model_paths(config: Config, spec: HostSpec) -> list[str]:
+    """The model folders the host's entry and its deployments name."""
+    paths = [str(p) for p in spec.models.values()]
+    for dep in config.deployments_on(spec):
+        paths += [str(p) for p in (dep.model_path, dep.draft_model_path) if p is not None]
+    return list(dict.fromkeys(paths))
+
+
+def probe_command(
+    spec: HostSpec, extra_venvs: list[str] | None = None, models: list[str] | None = None
+) -> Command:
     args = ["--host-name", spec.name, "--discover"]
     for path in [*(str(v.path) for v in spec.venvs.values()), *(extra_venvs or [])]:
         args += ["--venv", path]
+    for path in models or []:
+        args += ["--model", path]
     return Command(argv=("python3", "-", *args), stdin=probe_source().encode())
 
 
@@ -52,7 +64,7 @@ def parse_output(host: str, stdout: str, duration: float) -> Facts:
 
 
 def gather(config: Config, spec: HostSpec, extra_venvs: list[str] | None = None) -> Facts:
-    cmd = probe_command(spec, extra_venvs)
+    cmd = probe_command(spec, extra_venvs, model_paths(config, spec))
     with open_transport(config, spec) as transport:
         result = transport.run(cmd, timeout=min(spec.command_timeout, PROBE_TIMEOUT_S))
     if result.exit_code == 127 or "python3: not found" in result.stderr:

@@ -9,6 +9,8 @@ newer probe.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
@@ -152,6 +154,15 @@ class Services(Part):
     listeners: list[Listener] = Field(default_factory=list)
 
 
+class ModelDir(BaseModel):
+    """A model folder on the host: its config.json as read (never the weights)."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    path: str
+    config: dict[str, Any] | None = None
+    error: str | None = None
+
+
 class Facts(BaseModel):
     model_config = ConfigDict(extra="ignore")
     schema_version: int = SCHEMA_VERSION
@@ -162,6 +173,11 @@ class Facts(BaseModel):
     nvidia: NvidiaInfo = Field(default_factory=NvidiaInfo)
     venvs: list[Venv] = Field(default_factory=list)
     services: Services = Field(default_factory=Services)
+    models: list[ModelDir] = Field(default_factory=list)
+
+    def model(self, path: str) -> ModelDir | None:
+        want = path.rstrip("/")
+        return next((m for m in self.models if m.path.rstrip("/") == want), None)
 
     def venv(self, path: str) -> Venv | None:
         want = path.rstrip("/")

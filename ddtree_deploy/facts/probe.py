@@ -134,7 +134,26 @@ def _names(sp: str) -> dict[str, list[str]]:
     return names
 
 
-def gather(venvs: list[str], discover: bool, host_name: str | None) -> dict[str, Any]:
+def model_dir(path: str) -> dict[str, Any]:
+    """A model folder's config.json (never the weights)."""
+    entry: dict[str, Any] = {"path": path, "config": None, "error": None}
+    cfg = os.path.join(path, "config.json")
+    try:
+        if os.path.getsize(cfg) > 4 << 20:
+            raise ValueError("config.json is larger than 4 MiB")
+        with open(cfg, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict):
+            raise ValueError("config.json is not a JSON object")
+        entry["config"] = data
+    except (OSError, ValueError) as exc:
+        entry["error"] = f"{cfg}: {exc}"
+    return entry
+
+
+def gather(
+    venvs: list[str], discover: bool, host_name: str | None, models: list[str] | None = None
+) -> dict[str, Any]:
     start = time.monotonic()
     declared = [os.path.normpath(v) for v in venvs]
     found = [v for v in discover_venvs() if v not in declared] if discover else []
@@ -155,6 +174,7 @@ def gather(venvs: list[str], discover: bool, host_name: str | None) -> dict[str,
         prior = facts["services"].get("error")
         facts["services"]["error"] = "; ".join(e for e in (prior, tcp["error"]) if e)
     facts["venvs"] = [_venv_part(v, d) for v, d in all_venvs]
+    facts["models"] = [model_dir(m) for m in dict.fromkeys(models or [])]
     facts["duration_s"] = elapsed(start)
     return facts
 
@@ -173,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", action="append", default=[], help="a declared venv (repeat)")
     parser.add_argument("--discover", action="store_true", help="also look for venvs")
     parser.add_argument("--host-name", default=None, help="the host's name in hosts.yaml")
+    parser.add_argument("--model", action="append", default=[], help="a model folder (repeat)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    facts = gather(args.venv, args.discover, args.host_name)
+    facts = gather(args.venv, args.discover, args.host_name, args.model)
     sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

@@ -20,7 +20,7 @@ from pathlib import Path
 from ddtree_deploy import paths
 from ddtree_deploy.errors import LabError
 from ddtree_deploy.lab import container, keys, netns, provision, rootfs, wheelhouse
-from ddtree_deploy.lab.topology import LabHost, gpu_spec_json, lab_hosts
+from ddtree_deploy.lab.topology import SUBNET_PREFIX, LabHost, gpu_spec_json, lab_hosts
 
 Report = Callable[[str], None]
 
@@ -99,6 +99,7 @@ def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:
     for ns, veth in sorted(names.items()):
         netns.delete(ns, veth)
         removed.append(f"netns {ns}")
+    netns.unguard_subnet(SUBNET_PREFIX)
     if run_root.exists():
         shutil.rmtree(run_root)
     _state_file().unlink(missing_ok=True)
@@ -137,6 +138,7 @@ def up(
     keys.write_known_hosts(lab_dir, hosts)
     states: list[HostState] = []
     try:
+        netns.guard_subnet(SUBNET_PREFIX)
         for host in hosts:
             states.append(_start(host, base, layers[host.kind], lab_dir, client))
             _save_state(states)

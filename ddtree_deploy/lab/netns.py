@@ -37,3 +37,17 @@ def stale() -> list[str]:
     if not NETNS_DIR.is_dir():
         return []
     return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(PREFIX))
+
+
+def guard_subnet(prefix: str) -> None:
+    """Blackhole the whole lab range in the workstation's namespace while the lab is up.
+
+    Each host's /30 route via its veth is more specific and wins; any other lab
+    address (a host that is still booting, or a typo) is dropped here instead of
+    leaving the machine by the default route.
+    """
+    sh(["ip", "route", "replace", "blackhole", f"{prefix}.0.0/16"])
+
+
+def unguard_subnet(prefix: str) -> None:
+    sh(["ip", "route", "del", "blackhole", f"{prefix}.0.0/16"], check=False)

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.rules.findings import Finding
 
 DRAFTED = ("dflash", "ddtree")
@@ -118,3 +119,21 @@ def check_model_fit(mf: ModelFacts, algorithm: str) -> list[Finding]:
                       "target_layer_ids": ids, "expected_hidden_width": width},
         ))  # fmt: skip
     return out
+
+
+def model_facts_from(facts: Facts, target: str | None, draft: str | None) -> ModelFacts:
+    """ModelFacts for a deployment's target and draft folders, from the host's facts."""
+    mf = ModelFacts(target_path=target, draft_path=draft)
+    for role, path in (("target", target), ("draft", draft)):
+        if path is None:
+            continue
+        entry = facts.model(path)
+        if entry is None:
+            mf.errors[role] = f"{path}: not examined (gather facts again with --refresh)"
+        elif entry.config is None:
+            mf.errors[role] = entry.error or f"{path}/config.json could not be read"
+        elif role == "target":
+            mf.target_config = entry.config
+        else:
+            mf.draft_config = entry.config
+    return mf
