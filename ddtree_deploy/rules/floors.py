@@ -85,7 +85,9 @@ KERNEL_TORCH_PINS: dict[tuple[str, str], KernelTorchPin] = {
     ("sgl-kernel", "0.3.21"): KernelTorchPin("2.9.1", False, _COPIN.format("0.5.9")),
     ("sglang-kernel", "0.4.1"): KernelTorchPin("2.9.1", False, _COPIN.format("0.5.10")),
     ("sglang-kernel", "0.4.2"): KernelTorchPin(
-        "2.11.0", True, "wheel METADATA: Requires-Dist torch==2.11.0 (fixtures/real)"
+        "2.11.0", True,
+        "wheel METADATA description: 'Requires torch == 2.11.0' (no Requires-Dist line; "
+        "fixtures/real/sglang-kernel-0.4.2-pypi)",
     ),
     ("sglang-kernel", "0.4.6.post1"): KernelTorchPin("2.13.0", False, _COPIN.format("0.5.19")),
     ("sglang-kernel", "0.4.10"): KernelTorchPin(
