@@ -1,0 +1,84 @@
+"""What one SGLang service is: everything its unit and its probe need, resolved.
+
+Built from a deployment of hosts.yaml (flags override its values) or from flags
+alone, plus the host's facts (the venv's real nvidia library folders, GPU and
+port choice). Immutable data: rendering and installing read it, never change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Algorithm = Literal["none", "dflash", "ddtree"]
+MANAGED_KEY = "X-DDTreeDeploy-Managed"  # in [Unit]: marks units this tool created
+UNIT_DIR = "/etc/systemd/system"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str  # unit stem: "sglang-ddtree" -> sglang-ddtree.service
+    host: str
+    venv: str  # absolute path of the venv on the host
+    gpus: tuple[int, ...]  # physical GPU indices -> CUDA_VISIBLE_DEVICES
+    port: int
+    model_path: str
+    deployment: str | None = None  # the hosts.yaml deployment it came from, if any
+    bind_host: str = "0.0.0.0"
+    draft_model_path: str | None = None
+    algorithm: Algorithm = "none"
+    ddtree_budget: int | None = None
+    ddtree_topk: int | None = None
+    ddtree_shadow_linear: bool = False
+    num_draft_tokens: int | None = None  # DFlash block size (16 for the -b16 drafters)
+    attention_backend: str | None = None
+    grammar_backend: str | None = None
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    tp_size: int = 1
+    cuda_graph: bool = True
+    extra_args: tuple[str, ...] = ()
+    ld_library_path: tuple[str, ...] = field(default_factory=tuple)  # venv's nvidia lib dirs
+
+    @property
+    def unit_name(self) -> str:
+        return f"{self.name}.service"
+
+    @property
+    def unit_path(self) -> str:
+        return f"{UNIT_DIR}/{self.unit_name}"
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv.rstrip('/')}/bin/python"
+
+    def server_args(self) -> list[str]:
+        """`python -m sglang.launch_server` arguments, in a stable order."""
+        args = ["--model-path", self.model_path, "--host", self.bind_host,
+                "--port", str(self.port)]
+        if self.tp_size != 1:
+            args += ["--tp-size", str(self.tp_size)]
+        if self.algorithm != "none":
+            args += ["--speculative-algorithm", self.algorithm.upper()]
+            if self.draft_model_path:
+                args += ["--speculative-draft-model-path", self.draft_model_path]
+            if self.num_draft_tokens is not None:
+                args += ["--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+        if self.algorithm == "ddtree":
+            if self.ddtree_budget is not None:
+                args += ["--speculative-ddtree-budget", str(self.ddtree_budget)]
+            if self.ddtree_topk is not None:
+                args += ["--speculative-ddtree-topk", str(self.ddtree_topk)]
+            if self.ddtree_shadow_linear:
+                args += ["--speculative-ddtree-shadow-linear"]
+        if self.attention_backend:
+            args += ["--attention-backend", self.attention_backend]
+        if self.grammar_backend:
+            args += ["--grammar-backend", self.grammar_backend]
+        if self.mem_fraction_static is not None:
+            args += ["--mem-fraction-static", f"{self.mem_fraction_static:g}"]
+        if self.context_length is not None:
+            args += ["--context-length", str(self.context_length)]
+        if not self.cuda_graph:
+            args += ["--disable-cuda-graph"]
+        return args + list(self.extra_args)
