@@ -75,3 +75,8 @@ class RemoteCommandError(DeployError):
 
 class LabError(DeployError):
     """The local lab (containers, namespaces) could not be brought up or down."""
+
+
+class RefusedError(DeployError):
+    """The tool refuses an action that would harm something it does not own (a busy GPU,
+    a taken port, a unit it did not create)."""

@@ -158,7 +158,10 @@ def serve(ns: argparse.Namespace, found: dict[str, Any]) -> int:
     try:
         server = labhttp.make_server(ns.host, int(ns.port), serving.routes(state))
     except OSError as exc:
-        log.error("Failed to bind %s:%s: %s", ns.host, ns.port, exc)
+        # uvicorn logs asyncio's create_server error as it is (uvicorn/server.py startup())
+        reason = (exc.strerror or str(exc)).lower()
+        print(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+              f"{(ns.host, int(ns.port))!r}: {reason}", file=sys.stderr, flush=True)
         gpu.remove_claims(claims)
         return 1
     state.started = time.monotonic()

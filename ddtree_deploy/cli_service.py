@@ -1,0 +1,255 @@
+"""`ddtree-deploy service render | up | down | status | logs | list` and `probe` (thin)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ddtree_deploy import __version__
+from ddtree_deploy.cli_common import config_of
+from ddtree_deploy.config import Config, HostSpec
+from ddtree_deploy.errors import UsageError
+
+app = typer.Typer(help="SGLang services on a host: render, up, down, status, logs, list.",
+                  no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+def _facts(config: Config, spec: HostSpec, venvs: list[str], refresh: bool) -> Any:
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.facts.gather import collect
+
+    (outcome,) = collect(config, [spec.name], cache=FactsCache(), refresh=refresh,
+                         extra_venvs={spec.name: venvs})
+    if outcome.value is None:
+        assert outcome.error is not None
+        raise outcome.error
+    return outcome.value
+
+
+def _drop_facts(spec: HostSpec) -> None:
+    from ddtree_deploy.facts.cache import FactsCache
+
+    FactsCache().drop(spec)
+
+
+@app.command("render")
+def render(
+    ctx: typer.Context,
+    host: str = typer.Argument(...),
+    name: str = typer.Argument(..., help="a deployment of the hosts file"),
+    verify: bool = typer.Option(True, "--verify/--no-verify",
+                                help="check the unit with systemd-analyze on the host"),
+) -> None:
+    """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST)."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service.render import render_unit
+    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.verify import verify_unit
+
+    config = config_of(ctx)
+    spec_host = config.host(host)
+    dep = config.deployment(name)
+    if dep.host != spec_host.name:
+        raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
+    venv = str(spec_host.venvs[dep.venv].path)
+    facts = _facts(config, spec_host, [venv], refresh=True)
+    spec = build_spec(spec_host, facts, dep, Overrides(), force=True)
+    text = render_unit(spec, tool_version=__version__)
+    out.print(text, markup=False, highlight=False, end="")
+    if verify:
+        with open_transport(config, spec_host) as t:
+            verify_unit(t, text, spec.unit_name)
+        err.print(f"{spec.unit_name}: systemd-analyze verify passed on {spec_host.name}")
+
+
+@app.command("up")
+def up(
+    ctx: typer.Context,
+    host: str = typer.Argument(...),
+    name: str = typer.Argument(None, help="a deployment of the hosts file (flags override it)"),
+    gpu: int = typer.Option(None, "--gpu", min=0),
+    port: int = typer.Option(None, "--port", min=1, max=65535),
+    venv: str = typer.Option(None, "--venv"),
+    algorithm: str = typer.Option(None, "--algorithm", help="none | dflash | ddtree"),
+    model_path: str = typer.Option(None, "--model-path"),
+    draft_model_path: str = typer.Option(None, "--draft-model-path"),
+    budget: int = typer.Option(None, "--ddtree-budget", min=1),
+    topk: int = typer.Option(None, "--ddtree-topk", min=1),
+    attention_backend: str = typer.Option(None, "--attention-backend"),
+    grammar_backend: str = typer.Option(None, "--grammar-backend"),
+    mem_fraction_static: float = typer.Option(None, "--mem-fraction-static"),
+    service_name: str = typer.Option(None, "--name", help="unit name without a deployment"),
+    force: bool = typer.Option(False, "--force", help="use a busy GPU or taken port anyway"),
+    deadline: float = typer.Option(180.0, "--deadline", min=1, help="seconds for the probe"),
+    no_probe: bool = typer.Option(False, "--no-probe", help="install and start only"),
+) -> None:
+    """Render, verify, install and (re)start a service, then probe it."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service import install
+    from ddtree_deploy.service.render import render_unit
+    from ddtree_deploy.service.resolve import Overrides, build_spec
+
+    if algorithm is not None and algorithm not in ("none", "dflash", "ddtree"):
+        raise UsageError(f"--algorithm must be none, dflash or ddtree, got {algorithm!r}")
+    config = config_of(ctx)
+    spec_host = config.host(host)
+    dep = config.deployment(name) if name else None
+    if dep is not None and dep.host != spec_host.name:
+        raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
+    flags = Overrides(gpu=gpu, port=port, venv=venv, algorithm=algorithm,  # type: ignore[arg-type]
+                      model_path=model_path, draft_model_path=draft_model_path,
+                      ddtree_budget=budget, ddtree_topk=topk,
+                      attention_backend=attention_backend, grammar_backend=grammar_backend,
+                      mem_fraction_static=mem_fraction_static, name=service_name)
+    venvs = [venv] if venv else ([str(spec_host.venvs[dep.venv].path)] if dep else [])
+    facts = _facts(config, spec_host, venvs, refresh=True)
+    spec = build_spec(spec_host, facts, dep, flags, force=force)
+    text = render_unit(spec, tool_version=__version__)
+    with open_transport(config, spec_host) as t:
+        changed = install.install(t, spec.unit_name, text)
+        _drop_facts(spec_host)
+        install.restart(t, spec.unit_name)
+        err.print(f"{spec.unit_name} on {spec_host.name}: "
+                  f"{'installed' if changed else 'unchanged'}, restarted "
+                  f"(GPU {','.join(map(str, spec.gpus))}, port {spec.port})")
+        if no_probe:
+            return
+        _probe_and_exit(t, spec.unit_name, spec.port, deadline, as_json=False)
+
+
+def _probe_and_exit(t: Any, unit: str, port: int, deadline: float, *, as_json: bool) -> None:
+    from ddtree_deploy.health.probe import probe_service
+
+    with err.status(f"probing {unit} ...") as status:
+        verdict = probe_service(t, unit, port, deadline_s=deadline,
+                                on_status=lambda s: status.update(f"{unit}: {s}"))
+    if as_json:
+        out.print_json(json.dumps(verdict.to_json()))
+    else:
+        out.print(verdict.summary())
+    if verdict.exit_code:
+        raise typer.Exit(verdict.exit_code)
+
+
+@app.command("down")
+def down(
+    ctx: typer.Context,
+    host: str = typer.Argument(...),
+    name: str = typer.Argument(..., help="the service (deployment or unit name)"),
+    remove: bool = typer.Option(False, "--remove", help="also delete the unit file"),
+) -> None:
+    """Stop and disable one of the tool's services (others' units are never touched)."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service import install
+
+    config = config_of(ctx)
+    spec_host = config.host(host)
+    unit = _unit_of(config, name)
+    with open_transport(config, spec_host) as t:
+        found = install.down(t, unit, remove=remove)
+    _drop_facts(spec_host)
+    out.print(f"{unit}: {'stopped' + (' and removed' if remove else '') if found else 'not found'}")
+
+
+def _unit_of(config: Config, name: str) -> str:
+    if name in config.deployments:
+        return config.deployments[name].unit_name
+    return name if name.endswith(".service") else f"{name}.service"
+
+
+@app.command("list")
+def list_(ctx: typer.Context, host: str = typer.Argument(...),
+          as_json: bool = typer.Option(False, "--json")) -> None:
+    """The services this tool created on HOST, with their state."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service import install
+
+    config = config_of(ctx)
+    with open_transport(config, config.host(host)) as t:
+        states = install.list_units(t)
+    if as_json:
+        out.print_json(json.dumps([s.__dict__ for s in states]))
+        return
+    table = Table(title=f"ddtree-deploy services on {host}")
+    for col in ("unit", "deployment", "active", "sub", "main pid", "restarts", "exit status"):
+        table.add_column(col)
+    for s in states:
+        table.add_row(s.unit, s.deployment or "-", s.active, s.sub, str(s.main_pid),
+                      str(s.restarts), str(s.exit_status))
+    out.print(table if states else f"no ddtree-deploy services on {host}")
+
+
+@app.command("status")
+def status(ctx: typer.Context, host: str = typer.Argument(...),
+           name: str = typer.Argument(None), as_json: bool = typer.Option(False, "--json")
+           ) -> None:
+    """State of one service (or all of the tool's services) on HOST."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service import install
+
+    config = config_of(ctx)
+    with open_transport(config, config.host(host)) as t:
+        states = install.list_units(t)
+    if name:
+        unit = _unit_of(config, name)
+        states = [s for s in states if s.unit == unit]
+        if not states:
+            out.print(f"{unit}: no such ddtree-deploy service on {host}")
+            raise typer.Exit(1)
+    if as_json:
+        out.print_json(json.dumps([s.__dict__ for s in states]))
+    else:
+        for s in states:
+            out.print(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} restarts {s.restarts}")
+    if any(s.active != "active" for s in states):
+        raise typer.Exit(1)
+
+
+@app.command("logs")
+def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.Argument(...),
+         lines: int = typer.Option(200, "-n", "--lines", min=1, max=100000)) -> None:
+    """The service's journal (last N lines)."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service import install
+
+    config = config_of(ctx)
+    with open_transport(config, config.host(host)) as t:
+        text = install.logs(t, _unit_of(config, name), lines)
+    out.print(text, markup=False, highlight=False, end="")
+
+
+def probe(
+    ctx: typer.Context,
+    host: str = typer.Argument(...),
+    service: str = typer.Argument(None, help="deployment or unit (default: the host's only one)"),
+    deadline: float = typer.Option(120.0, "--deadline", min=0.5, help="seconds before giving up"),
+    port: int = typer.Option(None, "--port", help="the service's port (default: from its unit)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Is the service healthy? Fail-fast on crashes (known signatures), bounded by --deadline."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.service import install
+
+    config = config_of(ctx)
+    spec_host = config.host(host)
+    if service is None:
+        deps = config.deployments_on(spec_host)
+        if len(deps) != 1:
+            raise UsageError(f"name the service to probe on {host}")
+        service = deps[0].name
+    unit = _unit_of(config, service)
+    with open_transport(config, spec_host) as t:
+        if port is None:
+            text = install.current_text(t, unit) or ""
+            found = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
+            words = found[0].replace('"', " ").split() if found else []
+            port = int(words[words.index("--port") + 1]) if "--port" in words else None
+        if port is None:
+            raise UsageError(f"cannot tell {unit}'s port on {host}: give --port")
+        _probe_and_exit(t, unit, port, deadline, as_json=as_json)

@@ -1,0 +1,156 @@
+"""From a deployment (or flags) and a host's facts to a ServiceSpec: pure functions.
+
+GPU and port come from facts when not given: never a dead GPU, never one whose
+memory another process holds, never a port something listens on. An explicit dead
+or busy GPU, or a taken port, is refused unless forced, naming the PID (and unit,
+port) holding it.
+The service's own running unit never makes its GPU or port "busy".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddtree_deploy.config import Deployment, HostSpec
+from ddtree_deploy.errors import RefusedError, UsageError
+from ddtree_deploy.facts.model import Facts, Gpu, GpuProcess, Listener
+from ddtree_deploy.service.spec import Algorithm, ServiceSpec
+
+FIRST_PORT = 30000
+DFLASH_BLOCK = 16  # the z-lab *-DFlash-b16 drafters: block size 16
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Flags of `service up`; None means: take the deployment's value (or the default)."""
+
+    gpu: int | None = None
+    port: int | None = None
+    venv: str | None = None
+    algorithm: Algorithm | None = None
+    model_path: str | None = None
+    draft_model_path: str | None = None
+    ddtree_budget: int | None = None
+    ddtree_topk: int | None = None
+    attention_backend: str | None = None
+    grammar_backend: str | None = None
+    mem_fraction_static: float | None = None
+    name: str | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _foreign(procs: list[GpuProcess], own_unit: str) -> list[GpuProcess]:
+    return [p for p in procs if p.unit != own_unit]
+
+
+def _who(p: GpuProcess | Listener) -> str:
+    text = f"PID {p.pid}" if p.pid else "an unknown process"
+    if isinstance(p, GpuProcess) and p.ports:
+        text += f" (port {', '.join(str(x) for x in p.ports)})"
+    if p.unit:
+        text += f" of {p.unit}"
+    return text
+
+
+def choose_gpu(facts: Facts, wanted: int | None, *, own_unit: str, force: bool = False) -> int:
+    gpus = {g.index: g for g in facts.nvidia.gpus}
+    if wanted is not None:
+        gpu: Gpu | None = gpus.get(wanted)
+        if gpu is None:
+            have = ", ".join(str(i) for i in sorted(gpus)) or "none"
+            raise RefusedError(f"{facts.host} has no GPU {wanted} (GPUs: {have})")
+        if gpu.dead and not force:
+            raise RefusedError(f"GPU {wanted} on {facts.host} is dead: {gpu.error or 'unusable'}",
+                               hint="choose another GPU with --gpu")
+        busy = _foreign(gpu.processes, own_unit)
+        if busy and not force:
+            raise RefusedError(
+                f"GPU {wanted} on {facts.host} is busy: held by "
+                + "; ".join(_who(p) for p in busy),
+                hint="choose a free GPU with --gpu, or --force to share it",
+            )
+        return wanted
+    for index in sorted(gpus):
+        g = gpus[index]
+        if not g.dead and not _foreign(g.processes, own_unit):
+            return index
+    raise RefusedError(f"{facts.host} has no free GPU (all dead or held by other processes)")
+
+
+def choose_port(facts: Facts, wanted: int | None, *, own_unit: str, force: bool = False) -> int:
+    taken = {ln.port: ln for ln in facts.services.listeners if ln.unit != own_unit}
+    if wanted is not None:
+        holder = taken.get(wanted)
+        if holder is not None and not force:
+            raise RefusedError(f"port {wanted} on {facts.host} is taken by {_who(holder)}",
+                               hint="choose another port with --port")
+        return wanted
+    port = FIRST_PORT
+    while port in taken:
+        port += 1
+    return port
+
+
+def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
+    from ddtree_deploy.service.render import ld_library_path as from_venv
+
+    found = facts.venv(venv)
+    if found is None or not found.exists:
+        raise RefusedError(f"venv {venv} does not exist on {facts.host}",
+                           hint="create it first (ddtree-deploy venv clone / apply)")
+    return from_venv(found)
+
+
+def build_spec(
+    host: HostSpec,
+    facts: Facts,
+    deployment: Deployment | None,
+    flags: Overrides,
+    *,
+    force: bool = False,
+) -> ServiceSpec:
+    """The service to install: the deployment's values, each overridden by a flag."""
+    d = deployment
+    algorithm: Algorithm = flags.algorithm or (d.algorithm if d else "none")
+    name = flags.name or (d.service_name if d else f"sglang-{algorithm}")
+    own_unit = f"{name}.service"
+    venv = flags.venv or (str(host.venvs[d.venv].path) if d else None)
+    if venv is None:
+        raise UsageError("--venv PATH is needed without a deployment")
+    model = flags.model_path or (str(d.model_path) if d and d.model_path else None)
+    model = model or (str(host.default_model) if host.default_model else None)
+    if model is None:
+        raise UsageError(f"--model-path is needed: {host.name} declares no default model")
+    draft = flags.draft_model_path or (str(d.draft_model_path) if d and d.draft_model_path
+                                       else None)
+    if draft is None and algorithm != "none":
+        draft = str(host.models["draft"]) if "draft" in host.models else None
+    if algorithm != "none" and draft is None:
+        raise UsageError(f"--speculative {algorithm} needs --draft-model-path")
+    tree = d.ddtree if d and d.ddtree else None
+    return ServiceSpec(
+        name=name,
+        host=host.name,
+        deployment=d.name if d else None,
+        venv=venv,
+        gpus=(choose_gpu(facts, flags.gpu if flags.gpu is not None else (d.gpu if d else None),
+                         own_unit=own_unit, force=force),),
+        port=choose_port(facts, flags.port if flags.port is not None else (d.port if d else None),
+                         own_unit=own_unit, force=force),
+        model_path=model,
+        draft_model_path=draft if algorithm != "none" else None,
+        algorithm=algorithm,
+        ddtree_budget=flags.ddtree_budget or (tree.budget if tree else None),
+        ddtree_topk=flags.ddtree_topk or (tree.topk if tree else None),
+        ddtree_shadow_linear=bool(tree and tree.shadow_linear),
+        num_draft_tokens=DFLASH_BLOCK if algorithm != "none" else None,
+        attention_backend=flags.attention_backend or (d.attention_backend if d else None),
+        grammar_backend=flags.grammar_backend or (d.grammar_backend if d else None),
+        mem_fraction_static=flags.mem_fraction_static
+        or (d.mem_fraction_static if d else None),
+        context_length=d.context_length if d else None,
+        tp_size=d.tp_size if d else 1,
+        cuda_graph=d.cuda_graph if d else True,
+        extra_args=tuple(d.extra_args if d else ()) + flags.extra_args,
+        ld_library_path=ld_library_path(facts, venv),
+    )
