@@ -246,10 +246,12 @@ def probe(
     unit = _unit_of(config, service)
     with open_transport(config, spec_host) as t:
         if port is None:
+            from ddtree_deploy.service.render import PORT_KEY
+
             text = install.current_text(t, unit) or ""
-            found = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
-            words = found[0].replace('"', " ").split() if found else []
-            port = int(words[words.index("--port") + 1]) if "--port" in words else None
+            found = [ln.split("=", 1)[1] for ln in text.splitlines()
+                     if ln.startswith(f"{PORT_KEY}=")]
+            port = int(found[0]) if found and found[0].strip().isdigit() else None
         if port is None:
             raise UsageError(f"cannot tell {unit}'s port on {host}: give --port")
         _probe_and_exit(t, unit, port, deadline, as_json=as_json)
