@@ -16,8 +16,8 @@ from ddtree_deploy.errors import UsageError
 
 app = typer.Typer(help="SGLang services on a host: render, up, down, status, logs, list.",
                   no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _facts(config: Config, spec: HostSpec, venvs: list[str], refresh: bool) -> Any:
@@ -59,9 +59,13 @@ def render(
         raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
     venv = str(spec_host.venvs[dep.venv].path)
     facts = _facts(config, spec_host, [venv], refresh=True)
-    spec = build_spec(spec_host, facts, dep, Overrides(), force=True)
+    spec = build_spec(spec_host, facts, dep, Overrides(), force=True, require_venv=False)
+    found = facts.venv(venv)
+    if found is None or not found.exists:
+        err.print(f"warning: {venv} does not exist on {spec_host.name} yet: LD_LIBRARY_PATH is "
+                  "empty and verification will fail until it does", soft_wrap=True)
     text = render_unit(spec, tool_version=__version__)
-    out.print(text, markup=False, highlight=False, end="")
+    typer.echo(text, nl=False)
     if verify:
         with open_transport(config, spec_host) as t:
             verify_unit(t, text, spec.unit_name)
@@ -124,17 +128,32 @@ def up(
 
 
 def _probe_and_exit(t: Any, unit: str, port: int, deadline: float, *, as_json: bool) -> None:
-    from ddtree_deploy.health.probe import probe_service
+    from ddtree_deploy.health.probe import ProbeTarget, probe_service
 
     with err.status(f"probing {unit} ...") as status:
-        verdict = probe_service(t, unit, port, deadline_s=deadline,
+        verdict = probe_service(t, ProbeTarget(port=port, unit=unit, host=t.host),
+                                deadline_s=deadline,
                                 on_status=lambda s: status.update(f"{unit}: {s}"))
     if as_json:
         out.print_json(json.dumps(verdict.to_json()))
     else:
-        out.print(verdict.summary())
+        _render_verdict(unit, verdict)
     if verdict.exit_code:
-        raise typer.Exit(verdict.exit_code)
+        raise typer.Exit(int(verdict.exit_code))
+
+
+def _render_verdict(unit: str, verdict: Any) -> None:
+    style = {"healthy": "green", "unhealthy": "bold red", "deadline": "yellow"}[verdict.status]
+    out.print(f"[{style}]{unit}: {verdict.status}[/{style}] after {verdict.elapsed_s:.1f}s: "
+              f"{verdict.reason}", highlight=False)
+    for m in verdict.diagnosis:
+        out.print(f"  [bold]{m.diagnosis}[/bold]", highlight=False)
+        out.print(f"    log: {m.line.strip()}", markup=False, highlight=False)
+        out.print(f"    fix: {m.remedy}", markup=False, highlight=False)
+    if verdict.status != "healthy" and not verdict.diagnosis and verdict.log_tail:
+        out.print("  last log lines:")
+        for line in verdict.log_tail[-10:]:
+            out.print(f"    {line}", markup=False, highlight=False)
 
 
 @app.command("down")
@@ -221,7 +240,7 @@ def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.
     config = config_of(ctx)
     with open_transport(config, config.host(host)) as t:
         text = install.logs(t, _unit_of(config, name), lines)
-    out.print(text, markup=False, highlight=False, end="")
+    typer.echo(text, nl=False)
 
 
 def probe(

@@ -101,6 +101,11 @@ def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
     return from_venv(found)
 
 
+def _exists(facts: Facts, venv: str) -> bool:
+    found = facts.venv(venv)
+    return found is not None and found.exists
+
+
 def build_spec(
     host: HostSpec,
     facts: Facts,
@@ -108,6 +113,7 @@ def build_spec(
     flags: Overrides,
     *,
     force: bool = False,
+    require_venv: bool = True,
 ) -> ServiceSpec:
     """The service to install: the deployment's values, each overridden by a flag."""
     d = deployment
@@ -152,5 +158,6 @@ def build_spec(
         tp_size=d.tp_size if d else 1,
         cuda_graph=d.cuda_graph if d else True,
         extra_args=tuple(d.extra_args if d else ()) + flags.extra_args,
-        ld_library_path=ld_library_path(facts, venv),
+        ld_library_path=ld_library_path(facts, venv) if require_venv or _exists(facts, venv)
+        else (),
     )
