@@ -1,0 +1,329 @@
+"""The bounded, fail-fast health probe of one SGLang service.
+
+Each poll is ONE command on the host (remote.py sent on stdin), every ~0.3 s, until one of:
+a failed unit, a crash loop or an exited process (unhealthy, with the crash signatures found
+in the log lines of the current start), a fatal signature in the log (unhealthy at once, even
+while the process still unwinds), /health 200 followed by a good short generation (healthy),
+a bad generation (unhealthy: degenerate text, far too few tokens at a very low rate, an
+error), or the deadline (status "deadline", exit code 124).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ddtree_deploy.errors import CommandTimeout, ExitCode, RemoteCommandError, UsageError
+from ddtree_deploy.health.signatures import Match, match_line
+from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.transport.base import Command, Transport
+
+Status = Literal["healthy", "unhealthy", "deadline"]
+REMOTE_SOURCE = Path(__file__).with_name("remote.py")
+POLL_INTERVAL_S = 0.3
+GENERATE_TOKENS = 16
+GEN_LIMIT_S = 20.0  # one short generation never waits longer than this
+MIN_TOK_PER_S = 2.0  # below this, with far fewer tokens than asked: unhealthy
+KEEP_LINES = 2000
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What the probe looks at. ``pid``/``log_file`` serve hosts without systemd."""
+
+    port: int
+    unit: str | None = None
+    pid: int | None = None
+    log_file: str | None = None
+    addr: str = "127.0.0.1"
+    host: str | None = None
+    name: str | None = None
+    venv: str | None = None
+    deployment: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ServiceSpec) -> ProbeTarget:
+        return cls(port=spec.port, unit=spec.unit_name, host=spec.host, name=spec.name,
+                   venv=spec.venv, deployment=spec.deployment)
+
+    def context(self, host: str) -> dict[str, object]:
+        return {"host": self.host or host, "name": self.name or (self.unit or "").removesuffix(
+            ".service") or None, "venv": self.venv, "port": self.port,
+            "deployment": self.deployment}
+
+
+@dataclass
+class UnitState:
+    systemd: bool = False
+    note: str | None = None  # e.g. "systemd unavailable"
+    active_state: str | None = None
+    sub_state: str | None = None
+    n_restarts: int | None = None
+    exec_main_status: int | None = None
+    exec_main_pid: int | None = None
+    invocation_id: str | None = None
+    active_enter_monotonic_us: int | None = None
+    pid_alive: bool | None = None  # without systemd: the given PID
+
+
+@dataclass
+class HttpResult:
+    health: int | None = None
+    health_error: str | None = None
+    model_id: str | None = None
+    tokens: int | None = None
+    asked: int | None = None
+    seconds: float | None = None
+    tok_per_s: float | None = None
+    text_sample: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Verdict:
+    status: Status
+    reason: str
+    unit: UnitState = field(default_factory=UnitState)
+    diagnosis: list[Match] = field(default_factory=list)
+    http: HttpResult = field(default_factory=HttpResult)
+    elapsed_s: float = 0.0
+    polls: int = 0
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return {"healthy": ExitCode.OK, "unhealthy": ExitCode.FAILED,
+                "deadline": ExitCode.DEADLINE}[self.status]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "exit_code": int(self.exit_code), "reason": self.reason,
+                "unit": asdict(self.unit), "diagnosis": [m.to_json() for m in self.diagnosis],
+                "http": asdict(self.http), "elapsed_s": round(self.elapsed_s, 3),
+                "polls": self.polls, "log_tail": self.log_tail}
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def unit_state(report: dict[str, Any]) -> UnitState:
+    sd = report.get("systemd") or {}
+    proc = report.get("process") or {}
+    state = UnitState(systemd=bool(sd.get("available")), note=sd.get("error"))
+    if state.systemd:
+        state.active_state = sd.get("ActiveState") or None
+        state.sub_state = sd.get("SubState") or None
+        state.n_restarts = _int(sd.get("NRestarts"))
+        state.exec_main_status = _int(sd.get("ExecMainStatus"))
+        state.exec_main_pid = _int(sd.get("ExecMainPID"))
+        state.invocation_id = sd.get("InvocationID") or None
+        state.active_enter_monotonic_us = _int(sd.get("ActiveEnterTimestampMonotonic"))
+    if proc:
+        state.pid_alive = bool(proc.get("alive"))
+        state.exec_main_pid = _int(proc.get("pid"))
+    return state
+
+
+def judge_generation(gen: dict[str, Any], min_tok_per_s: float) -> str | None:
+    """Why a short generation shows an unhealthy server, or None when it looks fine."""
+    asked = int(gen.get("asked") or 0)
+    tokens = gen.get("tokens")
+    seconds = float(gen.get("seconds") or 0.0)
+    rate = float(gen.get("tok_per_s") or 0.0)
+    text = str(gen.get("text") or "")
+    if gen.get("error") and not gen.get("timed_out"):
+        return f"the generation failed: {gen['error']}"
+    if gen.get("status") not in (None, 200):
+        return f"the generation answered HTTP {gen['status']}"
+    squeezed = "".join(text.split())
+    if len(squeezed) >= 4 and len(set(squeezed)) == 1:
+        return f"degenerate output: one character repeated ({squeezed[:16]!r})"
+    count = tokens if isinstance(tokens, int) else 0
+    if gen.get("timed_out") and count < asked:
+        return (f"the generation gave {count} of {asked} tokens in {seconds:.1f} s "
+                "(timed out)")
+    if count == 0:
+        return "the generation returned no tokens"
+    if rate < min_tok_per_s and count < asked / 2:
+        return (f"far fewer tokens than asked at a very low rate: {count} of {asked} tokens "
+                f"in {seconds:.1f} s ({rate:.2f} tok/s)")
+    return None
+
+
+def _failed(state: UnitState, first_restarts: int | None) -> str | None:
+    """Why the unit or process is down (crashed, crash loop, stopped), or None."""
+    if state.systemd:
+        active, sub = state.active_state, state.sub_state
+        code = state.exec_main_status
+        if active == "failed":
+            return f"the unit failed ({sub}, exit status {code})"
+        if active == "activating" and sub == "auto-restart":
+            return f"the service exited (status {code}) and systemd is restarting it"
+        restarts = state.n_restarts
+        if first_restarts is not None and restarts is not None and restarts > first_restarts:
+            return (f"the service restarted {restarts - first_restarts} time(s) during the "
+                    "probe (crash loop)")
+        if active == "inactive":
+            return f"the unit is not running (inactive/{sub}, exit status {code})"
+        return None
+    if state.pid_alive is False:
+        return f"the process {state.exec_main_pid} exited"
+    return None
+
+
+class _Probe:
+    def __init__(self, transport: Transport, target: ProbeTarget, *, deadline_s: float,
+                 on_status: Callable[[str], None] | None, generate_tokens: int,
+                 min_tok_per_s: float, interval_s: float, sudo: bool, python: str) -> None:
+        self.transport, self.target = transport, target
+        self.deadline_s, self.on_status = deadline_s, on_status
+        self.generate_tokens, self.min_rate = generate_tokens, min_tok_per_s
+        self.interval_s, self.sudo, self.python = interval_s, sudo, python
+        self.context = target.context(transport.host)
+        self.lines: deque[str] = deque(maxlen=KEEP_LINES)
+        self.matches: dict[str, Match] = {}
+        self.cursor: str | None = None
+        self.http = HttpResult()
+        self.state = UnitState()
+        self.first_restarts: int | None = None
+        self.polls = 0
+        self.start = time.monotonic()
+
+    def _command(self, budget: float) -> Command:
+        t = self.target
+        args = ["--port", str(t.port), "--addr", t.addr, "--budget", f"{budget:.3f}"]
+        for flag, value in (("--unit", t.unit), ("--pid", t.pid), ("--log-file", t.log_file),
+                            ("--cursor", self.cursor)):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.http.model_id is None:
+            args.append("--models")
+        if self.generate_tokens > 0:
+            args += ["--generate", str(self.generate_tokens)]
+        return Command(argv=(self.python, "-", *args), stdin=REMOTE_SOURCE.read_bytes(),
+                       sudo=self.sudo)
+
+    def poll(self, remaining: float) -> dict[str, Any]:
+        budget = max(0.2, min(remaining - 0.2, GEN_LIMIT_S))
+        result = self.transport.run(self._command(budget), timeout=budget + 2.0)
+        self.polls += 1
+        try:
+            report = json.loads(result.stdout)
+            if not isinstance(report, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            tail = (result.stderr.strip() or result.stdout.strip())[-600:]
+            raise RemoteCommandError(
+                f"{self.transport.host}: the health poll gave no JSON (exit "
+                f"{result.exit_code}, {exc}): {tail}",
+                hint=f"the host needs {self.python} (3.8+) on PATH") from exc
+        log = report.get("log") or {}
+        self.cursor = log.get("cursor") or self.cursor
+        for line in log.get("lines") or []:
+            self.lines.append(line)
+            match = match_line(line, self.context)
+            if match is not None and match.id not in self.matches:
+                self.matches[match.id] = match
+        self.state = unit_state(report)
+        if self.first_restarts is None:
+            self.first_restarts = self.state.n_restarts
+        http = report.get("http") or {}
+        self.http.health, self.http.health_error = http.get("health"), http.get("health_error")
+        self.http.model_id = http.get("model_id") or self.http.model_id
+        return report
+
+    def verdict(self, status: Status, reason: str) -> Verdict:
+        fatal = [m for m in self.matches.values() if m.fatal]
+        other = [m for m in self.matches.values() if not m.fatal]
+        diagnosis = fatal + other if status == "unhealthy" else []
+        return Verdict(status, reason, self.state, diagnosis, self.http,
+                       time.monotonic() - self.start, self.polls, list(self.lines)[-TAIL_LINES:])
+
+    def status_line(self, elapsed: float) -> str:
+        s = self.state
+        if s.systemd:
+            where = f"{self.target.unit}: {s.active_state}/{s.sub_state} " \
+                f"restarts={s.n_restarts}"
+        else:
+            alive = {True: "running", False: "exited", None: "?"}[s.pid_alive]
+            where = f"port {self.target.port}: pid {s.exec_main_pid or '-'} {alive}"
+        health = self.http.health or self.http.health_error or "-"
+        return f"{where} · /health {health} · {elapsed:.1f}s/{self.deadline_s:g}s"
+
+    def run(self) -> Verdict:
+        end = self.start + self.deadline_s
+        grace_used = False
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
+            t0 = time.monotonic()
+            try:
+                report = self.poll(remaining)
+            except CommandTimeout:
+                return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
+            if any(m.fatal for m in self.matches.values()):
+                first = next(m for m in self.matches.values() if m.fatal)
+                return self.verdict("unhealthy", f"crash signature {first.id}: {first.diagnosis}")
+            down = _failed(self.state, self.first_restarts)
+            if down is not None and self.http.health != 200:
+                if not grace_used:  # the last lines may still be on their way to the journal
+                    grace_used = True
+                    time.sleep(0.15)
+                    continue
+                hints = ", ".join(self.matches) or "no known crash signature in its log"
+                return self.verdict("unhealthy", f"{down}; {hints}")
+            gen = (report.get("http") or {}).get("generation")
+            if self.http.health == 200 and (gen is not None or self.generate_tokens <= 0):
+                return self._judged(gen)
+            if self.on_status is not None:
+                self.on_status(self.status_line(time.monotonic() - self.start))
+            time.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    def _judged(self, gen: dict[str, Any] | None) -> Verdict:
+        if gen is None:
+            return self.verdict("healthy", "/health answered 200")
+        tokens = gen.get("tokens")
+        self.http.tokens = tokens if isinstance(tokens, int) else None
+        self.http.asked = _int(gen.get("asked"))
+        self.http.seconds = gen.get("seconds")
+        self.http.tok_per_s = gen.get("tok_per_s")
+        self.http.text_sample = str(gen.get("text") or "")[:200]
+        self.http.error = gen.get("error")
+        why = judge_generation(gen, self.min_rate)
+        if why is not None:
+            return self.verdict("unhealthy", why)
+        return self.verdict("healthy", f"/health 200; {self.http.tokens} tokens in "
+                            f"{self.http.seconds:.2f} s ({self.http.tok_per_s:.1f} tok/s)")
+
+
+def probe_service(
+    transport: Transport,
+    target: ServiceSpec | ProbeTarget,
+    *,
+    deadline_s: float,
+    on_status: Callable[[str], None] | None = None,
+    generate_tokens: int = GENERATE_TOKENS,
+    min_tok_per_s: float = MIN_TOK_PER_S,
+    interval_s: float = POLL_INTERVAL_S,
+    sudo: bool = True,
+    python: str = "python3",
+) -> Verdict:
+    """Probe one service until a verdict or ``deadline_s``; one host command per poll."""
+    if deadline_s <= 0:
+        raise UsageError(f"the deadline must be positive, got {deadline_s:g} s")
+    if isinstance(target, ServiceSpec):
+        target = ProbeTarget.from_spec(target)
+    probe = _Probe(transport, target, deadline_s=deadline_s, on_status=on_status,
+                   generate_tokens=generate_tokens, min_tok_per_s=min_tok_per_s,
+                   interval_s=interval_s, sudo=sudo, python=python)
+    return probe.run()
