@@ -73,7 +73,7 @@ def main() -> None:
             # healthy: the verdict must follow the first /health 200 quickly
             cursor = sh(t, "journalctl -u bench-ok -n 0 --show-cursor -q --no-pager | "
                            "sed -n 's/^-- cursor: //p'").strip()
-            sh(t, "systemctl restart bench-ok")
+            sh(t, "systemctl reset-failed bench-ok; systemctl restart bench-ok")
             verdict_at = _healthy_at(t)
             after = ['--after-cursor "$1"', cursor] if cursor else ["", ""]
             lines = sh(t, f"journalctl -u bench-ok -o json --no-pager -q {after[0]}",
