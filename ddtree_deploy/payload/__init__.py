@@ -1,0 +1,1 @@
+"""The DDTree runtime as a deployable payload: manifest, patching, deploy/verify/rollback."""
