@@ -11,7 +11,14 @@ import sys
 import typer
 from rich.console import Console
 
-from ddtree_deploy import __version__, cli_hosts, cli_inventory, cli_lab, cli_service
+from ddtree_deploy import (
+    __version__,
+    cli_hosts,
+    cli_inventory,
+    cli_lab,
+    cli_payload,
+    cli_service,
+)
 from ddtree_deploy.errors import DeployError
 
 app = typer.Typer(
@@ -25,6 +32,7 @@ app.command()(cli_inventory.inventory)
 app.command()(cli_inventory.doctor)
 app.command()(cli_service.probe)
 app.add_typer(cli_service.app, name="service")
+app.add_typer(cli_payload.app, name="payload")
 app.add_typer(cli_hosts.app, name="hosts")
 app.add_typer(cli_lab.app, name="lab")
 

@@ -213,6 +213,7 @@ def test_up_clears_leftovers_of_a_killed_run_and_down_leaves_nothing(lab: Config
     assert container.mounts_under(run_root) == []
     assert container.mounts_under(manager.lab_cache_dir()) == []
     assert container.nspawn_pids_for(run_root) == []
+    assert container.orphan_inits() == []  # the killed run's container inits are gone too
     assert not run_root.exists()
     assert not Path("/sys/class/net/ddtl-ct129").exists()
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout

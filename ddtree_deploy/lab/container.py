@@ -158,3 +158,45 @@ def reset_dir(path: Path) -> None:
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
+
+
+LAB_MARKER = "etc/ddtree-lab/gpus.json"  # present in every lab container's root
+
+
+def orphan_inits() -> list[int]:
+    """Init processes of lab containers whose systemd-nspawn is gone (it was SIGKILLed).
+
+    Killing nspawn does not end the container: its systemd is reparented and runs
+    on in its own PID namespace. Found by being a namespace's PID 1 (NSpid ends in
+    1) under a parent that is not systemd-nspawn, with the lab's marker in its root.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        nspid = fields.get("NSpid", "").split()
+        ppid = int(fields.get("PPid", "0").strip() or 0)
+        if len(nspid) < 2 or nspid[-1] != "1":
+            continue
+        parent = pid_cmdline(ppid)
+        if parent and parent[0].endswith("systemd-nspawn"):
+            continue
+        if (entry / "root" / LAB_MARKER).exists():
+            found.append(int(entry.name))
+    return found
+
+
+def kill_orphans(grace_s: float = 10.0) -> list[int]:
+    pids = orphan_inits()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # ends the whole PID namespace
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(pid_alive(p) for p in pids):
+        time.sleep(0.1)
+    return pids

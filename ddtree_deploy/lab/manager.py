@@ -89,6 +89,9 @@ def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:
             report(f"stopping container (nspawn pid {pid})")
             container.stop(pid)
             removed.append(f"container pid {pid}")
+    for pid in container.kill_orphans():
+        report(f"killed orphaned container init (pid {pid})")
+        removed.append(f"orphaned container pid {pid}")
     for point in container.mounts_under(run_root) + container.mounts_under(lab_cache_dir()):
         removed.append(f"mount {point}")
     container.unmount_all(run_root)

@@ -1,0 +1,135 @@
+"""`ddtree-deploy payload deploy | verify | rollback | status` (thin: parse, call, render)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ddtree_deploy.cli_common import config_of
+
+app = typer.Typer(help="The DDTree runtime as a payload on a venv's SGLang.", no_args_is_help=True)
+out = Console(soft_wrap=True)
+
+VENV = typer.Option(..., "--venv", help="the venv on the host (a path)")
+PAYLOAD = typer.Option(None, "--payload", help="a payload folder (default: the built-in one)")
+
+
+def _manifest(folder: Path | None):
+    from ddtree_deploy.payload.manifest import load_manifest
+    from ddtree_deploy.resources import data_path
+
+    root = folder if folder is not None else data_path("payload")
+    manifest, _ = load_manifest(root)
+    return manifest, root
+
+
+def _render(outcome, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(asdict(outcome)))
+        return
+    out.print(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, payload "
+              f"{outcome.payload or '-'})", highlight=False)
+    for c in outcome.checks:
+        style = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
+        out.print(f"  [{style}]{c.status}[/{style}] {c.name} ({c.mode}): {c.detail}",
+                  highlight=False)
+
+
+def _fail_on_checks(outcome) -> None:
+    if any(c.status == "failed" for c in outcome.checks):
+        raise typer.Exit(1)
+
+
+@app.command("deploy")
+def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
+           payload: Path = PAYLOAD, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Install the payload on the venv's sglang (refused unless its upstream files match)."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.payload import deploy as ops
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    manifest, folder = _manifest(payload)
+    with open_transport(config, spec) as t:
+        outcome = ops.deploy(t, venv, manifest, folder)
+    FactsCache().drop(spec)
+    _render(outcome, as_json)
+    _fail_on_checks(outcome)
+
+
+@app.command("verify")
+def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
+           payload: Path = PAYLOAD, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Run the payload's checks in the venv's own python (says what it had to skip)."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.payload import deploy as ops
+
+    config = config_of(ctx)
+    manifest, _ = _manifest(payload)
+    with open_transport(config, config.host(host)) as t:
+        found = ops.locate(t, venv, "sglang", [])
+        if not found["state"]:
+            out.print(f"{venv}: no payload deployed")
+            raise typer.Exit(1)
+        checks = ops.verify(t, venv, manifest, found["package_dir"], torch=found["torch"])
+    outcome = ops.Outcome(venv, "verified", found["version"], found["state"].get("version"),
+                          checks)
+    _render(outcome, as_json)
+    _fail_on_checks(outcome)
+
+
+@app.command("rollback")
+def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Restore the upstream files byte for byte and remove what the payload added."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.payload import deploy as ops
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    with open_transport(config, spec) as t:
+        outcome = ops.rollback(t, venv)
+    FactsCache().drop(spec)
+    _render(outcome, as_json)
+
+
+@app.command("status")
+def status(ctx: typer.Context, host: str = typer.Argument(...),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Which payload version is on each venv of the host (declared and discovered)."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.facts.gather import collect
+    from ddtree_deploy.payload import deploy as ops
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    (facts,) = collect(config, [spec.name], cache=FactsCache())
+    venvs = [str(v.path) for v in spec.venvs.values()]
+    if facts.value is not None:
+        venvs += [v.path for v in facts.value.venvs if v.exists and v.sglang is not None]
+    venvs = list(dict.fromkeys(venvs))
+    with open_transport(config, spec) as t:
+        states = ops.status(t, venvs)
+    if as_json:
+        out.print_json(json.dumps(states))
+        return
+    table = Table(title=f"payloads on {host}")
+    for col in ("venv", "payload", "sglang", "deployed"):
+        table.add_column(col)
+    for venv, st in states.items():
+        if st is None:
+            table.add_row(venv, "-", "", "")
+        elif "error" in st:
+            table.add_row(venv, f"[red]{st['error']}[/red]", "", "")
+        else:
+            table.add_row(venv, f"{st['payload']} {st['version']}", st.get("sglang", "?"),
+                          st.get("backup", ""))
+    out.print(table)
