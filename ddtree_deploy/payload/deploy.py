@@ -140,14 +140,30 @@ def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Out
     return Outcome(venv, "deployed", probe["version"], manifest.version, checks)
 
 
+FULL_STACK_CHECK = "import numpy, torch; torch.Tensor; torch.zeros(1)"
+
+
+def full_stack(t: ExecTransport, venv: str, torch: bool) -> str | None:
+    """None when the venv can import the real stack (numpy, torch); else why not."""
+    if not torch:
+        return "torch is not installed in this venv"
+    r = t.run(Command.of(_python(venv), "-c", FULL_STACK_CHECK), timeout=120)
+    if r.ok:
+        return None
+    last = (r.stderr.strip().splitlines() or ["import failed"])[-1]
+    return f"the full stack does not import here ({last})"
+
+
 def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: bool
            ) -> list[StepResult]:
     results = []
+    missing = full_stack(t, venv, torch) if any(s.mode == "full" for s in manifest.verify) \
+        else None
     for step in manifest.verify:
-        if step.mode == "full" and not torch:
+        if step.mode == "full" and missing:
             results.append(StepResult(step.name, step.mode, "skipped",
-                                      "torch is not installed in this venv: the full import "
-                                      "cannot run here"))
+                                      f"{missing}: the normal import cannot run, so only the "
+                                      "light checks (modules loaded by file) were made"))
             continue
         r = t.run(Command(argv=(_python(venv), "-", pkg), stdin=step.code.encode()), timeout=120)
         detail = (r.stdout.strip().splitlines() or [""])[-1] if r.ok else \

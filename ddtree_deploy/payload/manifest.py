@@ -78,4 +78,4 @@ def load_manifest(folder: Path) -> tuple[Manifest, Path]:
         for rel in [p.patch for p in support.patches] + [f.source for f in support.files]:
             if not (folder / rel).is_file():
                 raise ConfigError(f"{path}: sglang.{version}: {rel} is missing from {folder}")
-    return manifest, path
+    return manifest, folder

@@ -105,12 +105,31 @@ def parser_prog(text: str) -> str:
     return match.group(1) if match else "sglang serve"
 
 
-def build_parser(server_args_file: Path) -> argparse.ArgumentParser:
-    """An argparse parser with every flag the installed server_args.py defines."""
-    text = server_args_file.read_text(encoding="utf-8")
-    tree = ast.parse(text, filename=str(server_args_file))
-    names = _module_constants(tree)
-    parser = argparse.ArgumentParser(prog=parser_prog(text))
+def _flag_modules(tree: ast.Module, server_args_file: Path) -> list[Path]:
+    """Files of sglang modules whose imported helper server_args.py calls with the parser.
+
+    Real SGLang (and the DDTree payload) may define flags in a helper module, e.g.
+    ``from sglang.srt.x import add_x_args`` then ``add_x_args(parser)``.
+    """
+    srt = server_args_file.parent  # .../sglang/srt
+    imported: dict[str, Path] = {}
+    for node in ast.walk(tree):
+        module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+        if isinstance(node, ast.ImportFrom) and module.startswith("sglang.srt."):
+            rel = Path(*module.split(".")[2:]).with_suffix(".py")
+            for alias in node.names:
+                imported[alias.asname or alias.name] = srt / rel
+    files = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in imported
+                and any(isinstance(a, ast.Name) and a.id == "parser" for a in node.args)
+                and imported[node.func.id].is_file()):
+            files.append(imported[node.func.id])
+    return list(dict.fromkeys(files))
+
+
+def _add_all(parser: argparse.ArgumentParser, tree: ast.Module, names: dict[str, Any]) -> None:
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Call)
@@ -118,13 +137,28 @@ def build_parser(server_args_file: Path) -> argparse.ArgumentParser:
             and node.func.attr == "add_argument"
         ):
             _add(parser, node, names)
+
+
+def build_parser(server_args_file: Path) -> argparse.ArgumentParser:
+    """An argparse parser with every flag the installed server_args.py defines."""
+    text = server_args_file.read_text(encoding="utf-8")
+    tree = ast.parse(text, filename=str(server_args_file))
+    names = _module_constants(tree)
+    parser = argparse.ArgumentParser(prog=parser_prog(text))
+    _add_all(parser, tree, names)
+    for extra in _flag_modules(tree, server_args_file):
+        sub = ast.parse(extra.read_text(encoding="utf-8"), filename=str(extra))
+        _add_all(parser, sub, {**names, **_module_constants(sub)})
     return parser
 
 
 def defines_flag(server_args_file: Path, flag: str) -> bool:
-    """Whether the installed server_args.py defines this flag (plain text check)."""
+    """Whether the installed server_args.py (or a flag helper it calls) defines this flag."""
     try:
         text = server_args_file.read_text(encoding="utf-8")
-    except OSError:
+        tree = ast.parse(text)
+        texts = [text] + [p.read_text(encoding="utf-8")
+                          for p in _flag_modules(tree, server_args_file)]
+    except (OSError, SyntaxError):
         return False
-    return f'"{flag}"' in text or f"'{flag}'" in text
+    return any(f'"{flag}"' in t or f"'{flag}'" in t for t in texts)

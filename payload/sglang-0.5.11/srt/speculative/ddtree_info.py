@@ -1,0 +1,155 @@
+"""DDTree's verify input for SGLang 0.5.11: DFlash's verify input with a tree block.
+
+The target pass sees ``N`` tokens per request (root + budget nodes in full-tree mode, the block in
+shadow-linear mode) at positions ``start + depth`` under the ancestor-only mask. After the pass the
+tree is walked; the KV slots of the accepted path are re-linked in path order (page size 1), the
+rest are freed, and the target hidden states of the accepted path feed the drafter as in DFlash.
+
+Verification is greedy (target argmax); no rejection sampling. The one device-to-host copy per
+round is the packed accepted tokens, which the scheduler needs on the host anyway (as DFlash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import apply_custom_logit_processor
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.ddtree_verify import (
+    TreeRound,
+    finish_round,
+    keep_mask,
+    select_first,
+    tree_custom_mask,
+)
+from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func
+
+
+@dataclass
+class DDTreeVerifyInput(DFlashVerifyInput):
+    """A DFlash verify input whose block is a DDTree (or the chain, in shadow-linear mode)."""
+
+    tree_round: Optional[TreeRound] = None
+
+    @classmethod
+    def from_round(cls, plan: TreeRound) -> "DDTreeVerifyInput":
+        return cls(
+            draft_token=plan.inputs.input_ids.reshape(-1),
+            positions=plan.inputs.positions.reshape(-1),
+            draft_token_num=plan.width,
+            tree_round=plan,
+        )
+
+    def prepare_for_verify(
+        self, batch: ScheduleBatch, page_size: int, *, build_custom_mask: bool = True
+    ):
+        if page_size != 1:
+            raise ValueError(f"DDTREE needs page_size 1, got {page_size}.")
+        # Allocation and req->token links for the N block slots are DFlash's.
+        super().prepare_for_verify(batch, page_size, build_custom_mask=False)
+        if batch.forward_mode.is_idle() or not build_custom_mask:
+            return
+        assert self.tree_round is not None
+        n = self.draft_token_num
+        total = int((batch.seq_lens_cpu.to(torch.int64) + n).sum()) * n  # host lengths only
+        self.custom_mask = tree_custom_mask(self.tree_round.inputs.mask, batch.seq_lens, total)
+
+    def _apply_penalties(self, batch: ScheduleBatch, logits: torch.Tensor, bs: int) -> None:
+        info = batch.sampling_info
+        if info is None:
+            return
+        if info.has_custom_logit_processor:
+            apply_custom_logit_processor(logits, info, num_tokens_in_batch=self.draft_token_num)
+        if info.penalizer_orchestrator.is_required or info.logit_bias is not None:
+            bias = torch.zeros((bs, logits.shape[1]), dtype=torch.float32, device=logits.device)
+            info.apply_logits_bias(bias)
+            logits.add_(torch.repeat_interleave(bias, self.draft_token_num, dim=0))
+
+    def verify(
+        self,
+        *,
+        batch: ScheduleBatch,
+        logits_output: LogitsProcessorOutput,
+        page_size: int,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int]]:
+        """Greedy tree verification; same return contract as ``DFlashVerifyInput.verify``."""
+        if batch.forward_mode.is_idle():
+            empty = torch.empty((0,), dtype=torch.int64, device=batch.device)
+            return empty, empty.to(torch.int32), empty, []
+        assert self.tree_round is not None
+        bs = batch.batch_size()
+        n = self.draft_token_num
+        logits = logits_output.next_token_logits
+        device = logits.device
+        self._apply_penalties(batch, logits, bs)
+        target = torch.argmax(logits, dim=-1).view(bs, n)
+        result = finish_round(self.tree_round, target)
+
+        steps = result.new_tokens.shape[1]
+        packed = torch.cat([result.new_tokens, result.walk.num_accepted.unsqueeze(1)], 1).cpu()
+        commit_cpu: List[int] = []
+        accepted_cpu: List[int] = []
+        verified: List[int] = []
+        for i, req in enumerate(batch.reqs):
+            proposed = packed[i, : int(packed[i, steps]) + 1].tolist()
+            appended = 0
+            for token_id in proposed:
+                req.output_ids.append(int(token_id))
+                appended += 1
+                req.check_finished()
+                if req.finished():
+                    break
+                if req.grammar is not None:
+                    req.grammar.accept_token(int(token_id))
+            if req.output_ids:
+                verified.append(int(req.output_ids[-1]))
+            else:
+                verified.append(int(req.origin_input_ids[-1]))
+            commit_cpu.append(appended)
+            accepted_cpu.append(max(0, appended - 1))
+            req.spec_verify_ct += 1
+            req.spec_accepted_drafts += accepted_cpu[-1]
+
+        commit_lens = torch.tensor(commit_cpu, dtype=torch.int32, device=device)
+        committed = sum(commit_cpu)
+        slots = result.keep_slots
+        kept = keep_mask(slots, commit_lens, n)  # [bs, N]
+        along = torch.arange(steps, device=device).expand(bs, steps) < commit_lens.unsqueeze(1)
+
+        out_cache_loc = batch.out_cache_loc.view(bs, n)
+        batch.token_to_kv_pool_allocator.free(select_first(out_cache_loc, ~kept, bs * n - committed))
+        ordered = out_cache_loc.gather(1, slots.clamp(min=0))
+        batch.out_cache_loc = select_first(ordered, along, committed)
+
+        for req, length in zip(batch.reqs, commit_cpu, strict=True):
+            req.kv_committed_len += length
+            req.kv_allocated_len = req.kv_committed_len
+        end_offset = batch.seq_lens + commit_lens.to(batch.seq_lens.dtype)
+        assign_req_to_token_pool_func(
+            batch.req_pool_indices,
+            batch.req_to_token_pool.req_to_token,
+            batch.seq_lens,
+            end_offset,
+            batch.out_cache_loc,
+            bs,
+        )
+        batch.seq_lens.add_(commit_lens.to(batch.seq_lens.dtype))
+        batch.seq_lens_cpu.add_(torch.tensor(commit_cpu, dtype=batch.seq_lens_cpu.dtype))
+        batch.seq_lens_sum += committed
+
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
+        hidden = hidden.view(bs, n, -1)
+        path_hidden = hidden.gather(
+            1, slots.clamp(min=0).unsqueeze(2).expand(bs, steps, hidden.shape[2])
+        )
+        next_target_hidden = select_first(path_hidden, along, committed)
+        logits_output.hidden_states = None
+        new_verified_id = torch.tensor(verified, dtype=torch.int64, device=device)
+        return new_verified_id, commit_lens, next_target_hidden, accepted_cpu

@@ -1,0 +1,185 @@
+"""The DDTree verify round for SGLang, engine-agnostic: plan, target pass, walk, KV keep.
+
+A round turns the drafter's per-depth top-k into the tree to verify (DDTree's best-first tree in
+full-tree mode; the drafter's top-1 chain, which is what DFlash verifies, in shadow-linear mode,
+where the full tree is still built and scored), compiles the verify inputs, takes the target's
+token after every slot, walks the tree and says which verify-block slots to keep, in path order.
+
+Everything here is batched torch with shapes fixed by (batch, budget, depths, top-k); nothing
+reads device values on the host. Imports: torch and the DDTree core only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from sglang.srt.speculative.ddtree_core import (
+    DDTree,
+    VerifyInputs,
+    WalkResult,
+    build_tree,
+    compile_tree,
+    draft_topk,
+    walk_tree,
+)
+
+TargetFn = Callable[[VerifyInputs], Tensor]
+"""Runs the target over a verify block; returns its token after every slot, ``[bs, N]``."""
+
+
+@dataclass(frozen=True)
+class TreeRound:
+    """A planned round: the tree that is verified, its inputs and the scored full tree."""
+
+    tree: DDTree  # verified: the DDTree (full-tree) or the top-1 chain (shadow-linear)
+    inputs: VerifyInputs
+    scored: DDTree  # the full DDTree, built and scored in both modes
+    expected_accept: Tensor  # [bs] float32: draft-expected accepted tokens of the scored tree
+    chain_expected_accept: Tensor  # [bs] float32: the same for the top-1 chain
+    shadow_linear: bool
+
+    @property
+    def width(self) -> int:
+        """Verify-block width N (tokens per request in the target pass)."""
+        return int(self.tree.tokens.shape[1])
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A walked round. ``keep_slots[b, :commit_lens[b]]`` are the slots whose KV is kept."""
+
+    walk: WalkResult
+    keep_slots: Tensor  # [bs, D + 1] verify-block slots along the accepted path, root first, -1 pad
+    commit_lens: Tensor  # [bs] int64: accepted drafts + 1 (root + accepted draft tokens)
+    new_tokens: Tensor  # [bs, D + 1] accepted draft tokens then the bonus, -1 pad
+
+
+def chain_tree(top_logprobs: Tensor, top_tokens: Tensor, root_tokens: Tensor) -> DDTree:
+    """The drafter's top-1 chain as a tree (slot d = depth d), i.e. DFlash's verify block."""
+    depths = top_logprobs.shape[1]
+    return build_tree(top_logprobs[..., :1], top_tokens[..., :1], root_tokens, depths)
+
+
+def expected_accept(tree: DDTree) -> Tensor:
+    """Expected accepted draft tokens if the target followed the drafter: sum of path probs."""
+    probs = torch.where(tree.valid, tree.scores.exp(), 0.0)
+    return probs[:, 1:].sum(dim=1)
+
+
+def plan_round(
+    top_logprobs: Tensor,
+    top_tokens: Tensor,
+    root_tokens: Tensor,
+    start_positions: Tensor,
+    *,
+    budget: int,
+    shadow_linear: bool = False,
+    pad_token_id: int = 0,
+) -> TreeRound:
+    """Build (and in shadow-linear mode also score) the tree, then compile its verify inputs.
+
+    ``top_logprobs/top_tokens [bs, D, K]`` from :func:`draft_topk`; ``root_tokens [bs]`` the
+    previous bonus tokens; ``start_positions [bs]`` the root's position (the committed length).
+    """
+    scored = build_tree(top_logprobs, top_tokens, root_tokens, budget)
+    chain = chain_tree(top_logprobs, top_tokens, root_tokens)
+    tree = chain if shadow_linear else scored
+    inputs = compile_tree(tree, start_positions, pad_token_id=pad_token_id)
+    return TreeRound(
+        tree=tree,
+        inputs=inputs,
+        scored=scored,
+        expected_accept=expected_accept(scored),
+        chain_expected_accept=expected_accept(chain),
+        shadow_linear=shadow_linear,
+    )
+
+
+def finish_round(plan: TreeRound, target_tokens: Tensor) -> RoundResult:
+    """Walk the verified tree with the target's per-slot tokens ``[bs, N]``."""
+    walk = walk_tree(plan.tree, target_tokens, plan.inputs.mask)
+    return RoundResult(
+        walk=walk,
+        keep_slots=walk.path,
+        commit_lens=walk.num_accepted + 1,
+        new_tokens=walk.new_tokens,
+    )
+
+
+def verify_round(
+    draft_logits: Tensor,
+    root_tokens: Tensor,
+    start_positions: Tensor,
+    target: TargetFn,
+    *,
+    budget: int,
+    top_k: int | None = None,
+    shadow_linear: bool = False,
+    pad_token_id: int = 0,
+) -> tuple[TreeRound, RoundResult]:
+    """One whole round from the drafter's logits ``[bs, D, V]``: plan, target pass, walk."""
+    k = budget if top_k is None else top_k
+    top_logprobs, top_tokens = draft_topk(draft_logits, k)
+    plan = plan_round(
+        top_logprobs,
+        top_tokens,
+        root_tokens,
+        start_positions,
+        budget=budget,
+        shadow_linear=shadow_linear,
+        pad_token_id=pad_token_id,
+    )
+    target_tokens = target(plan.inputs)
+    if target_tokens.shape != plan.tree.tokens.shape:
+        raise ValueError(
+            f"target returned {list(target_tokens.shape)}, expected {list(plan.tree.tokens.shape)}"
+        )
+    return plan, finish_round(plan, target_tokens)
+
+
+def keep_mask(keep_slots: Tensor, commit_lens: Tensor, width: int) -> Tensor:
+    """``[bs, width]`` bool: True for the verify-block slots whose KV entries are kept."""
+    bs, steps = keep_slots.shape
+    along = torch.arange(steps, device=keep_slots.device).expand(bs, steps)
+    live = along < commit_lens.to(keep_slots.device).unsqueeze(1)
+    column = torch.where(live & (keep_slots >= 0), keep_slots, width)
+    out = torch.zeros(bs, width + 1, dtype=torch.bool, device=keep_slots.device)
+    out.scatter_(1, column, True)
+    return out[:, :width]
+
+
+def select_first(values: Tensor, keep: Tensor, count: int) -> Tensor:
+    """The ``count`` entries of ``values`` where ``keep`` is True, in order, without a sync.
+
+    ``count`` must be the number of True entries, known on the host (e.g. from committed lengths).
+    """
+    flat_keep = keep.reshape(-1)
+    order = torch.argsort((~flat_keep).to(torch.int8), stable=True)
+    return values.reshape(-1, *values.shape[keep.dim() :])[order[:count]]
+
+
+def tree_custom_mask(mask: Tensor, prefix_lens: Tensor, total: int) -> Tensor:
+    """SGLang's flattened verify mask for a tree: per request, rows = the N tree slots, columns =
+    the committed prefix then the N tree slots; True = may attend. ``total`` is
+    ``sum(N * (prefix_len + N))``, computed by the caller from host-side lengths.
+    """
+    bs, n, _ = mask.shape
+    dev = mask.device
+    lens = prefix_lens.to(device=dev, dtype=torch.long)
+    row_len = lens + n  # [bs]
+    starts = torch.cumsum(n * row_len, dim=0) - n * row_len  # [bs]
+    rows = torch.arange(n, device=dev)
+    cols = torch.arange(n, device=dev)
+    index = (
+        starts.view(bs, 1, 1)
+        + rows.view(1, n, 1) * row_len.view(bs, 1, 1)
+        + lens.view(bs, 1, 1)
+        + cols.view(1, 1, n)
+    )
+    flat = torch.ones(total, dtype=torch.bool, device=dev)
+    flat.scatter_(0, index.reshape(-1), mask.reshape(-1))
+    return flat

@@ -1,0 +1,161 @@
+"""DDTree speculative decoding worker for SGLang 0.5.11: DFlash's worker with a tree verifier.
+
+Everything DFlash does (drafter set-up, hidden-state capture, draft KV upkeep, prefill) is
+inherited. The one change is after the draft pass: instead of the drafter's greedy chain, the
+per-depth top-k of the drafter's distribution goes through the DDTree core (``ddtree_verify``), and
+the target verifies the resulting tree (full-tree mode) or the chain with the tree scored beside it
+(shadow-linear mode). ``dflash_worker.py`` calls :meth:`DDTreeWorker.ddtree_prepare_verify` through
+a three-line hook; see ``ddtree_args`` for the server flags and constraints.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Dict, Optional
+
+import torch
+
+from sglang.srt.distributed import get_tp_group
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.ddtree_args import DEFAULT_BUDGET, ddtree_draft_block_size
+from sglang.srt.speculative.ddtree_core import draft_topk
+from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
+from sglang.srt.speculative.ddtree_verify import TreeRound, plan_round
+from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
+from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+logger = logging.getLogger(__name__)
+
+
+class DDTreeWorker(DFlashWorker):
+    """DFlash worker whose verify block is a DDTree (spec-v1, page size 1, greedy verify)."""
+
+    def __init__(self, server_args: ServerArgs, *args: Any, **kwargs: Any) -> None:
+        self.ddtree_budget = int(server_args.speculative_ddtree_budget or DEFAULT_BUDGET)
+        self.ddtree_topk = int(server_args.speculative_ddtree_topk or self.ddtree_budget)
+        self.ddtree_shadow_linear = bool(server_args.speculative_ddtree_shadow_linear)
+        # The drafter runs DFlash's block; the target verifies budget + 1 slots (ServerArgs).
+        draft_args = copy.copy(server_args)
+        draft_args.speculative_num_draft_tokens = ddtree_draft_block_size(server_args)
+        super().__init__(draft_args, *args, **kwargs)
+        self.server_args = server_args
+        self._warned_greedy = False
+        self._rounds = 0
+        self._tree_expected: Optional[torch.Tensor] = None
+        self._chain_expected: Optional[torch.Tensor] = None
+        backend = self.target_worker.model_runner.attn_backend
+        if not self.ddtree_shadow_linear and hasattr(
+            backend, "update_mamba_state_after_mtp_verify"
+        ):
+            raise RuntimeError(
+                "DDTREE full-tree verification does not support hybrid (mamba) targets; "
+                "use --speculative-ddtree-shadow-linear or --speculative-algorithm DFLASH."
+            )
+        if self.tp_rank == 0:
+            logger.info(
+                "DDTREE ready: budget=%d topk=%d block=%d mode=%s",
+                self.ddtree_budget,
+                self.ddtree_topk,
+                self.block_size,
+                "shadow-linear" if self.ddtree_shadow_linear else "full-tree",
+            )
+
+    def _draft_topk(self, hidden: torch.Tensor, lm_head: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-depth top-k log-probs of the drafter over the (vocab-parallel) target head.
+
+        ``hidden [bs, D, H]`` -> ``([bs, D, K], [bs, D, K])``. With TP > 1 each rank's top-k and
+        log-sum-exp are gathered and merged, so the result equals the unsharded top-k.
+        """
+        bs, depths, width = hidden.shape
+        shard = lm_head.shard_indices
+        if int(shard.num_added_elements) != 0:
+            raise RuntimeError("DDTREE does not support added-vocabulary (LoRA) LM heads yet.")
+        num_org = int(shard.num_org_elements)
+        weight = lm_head.weight[:num_org]
+        states = hidden.reshape(bs * depths, width).to(weight.dtype)
+        logits = torch.matmul(states, weight.T).float()
+        tp_group = get_tp_group()
+        tp_size = int(tp_group.world_size)
+        if tp_size == 1:
+            logprobs, tokens = draft_topk(logits.view(bs, depths, -1), self.ddtree_topk)
+            return logprobs, tokens + int(shard.org_vocab_start_index)
+        rows = bs * depths
+        k_local = min(self.ddtree_topk, num_org)
+        values, ids = torch.topk(logits, k_local, dim=-1)
+        ids = ids + int(shard.org_vocab_start_index)
+        lse = torch.logsumexp(logits, dim=-1)
+        all_values = values.new_empty((tp_size * rows, k_local))
+        all_ids = ids.new_empty((tp_size * rows, k_local))
+        all_lse = lse.new_empty((tp_size * rows,))
+        tp_group.all_gather_into_tensor(all_values, values.contiguous())
+        tp_group.all_gather_into_tensor(all_ids, ids.contiguous())
+        tp_group.all_gather_into_tensor(all_lse, lse.contiguous())
+        total_lse = torch.logsumexp(all_lse.view(tp_size, rows), dim=0)
+        merged = (all_values.view(tp_size, rows, k_local) - total_lse.view(1, rows, 1))
+        merged = merged.permute(1, 0, 2).reshape(rows, tp_size * k_local)
+        merged_ids = all_ids.view(tp_size, rows, k_local).permute(1, 0, 2).reshape(rows, -1)
+        k = min(self.ddtree_topk, merged.shape[1])
+        top_values, top_index = torch.topk(merged, k, dim=-1)
+        top_ids = merged_ids.gather(1, top_index)
+        return top_values.view(bs, depths, k) + 0.0, top_ids.view(bs, depths, k)
+
+    def ddtree_prepare_verify(
+        self,
+        batch: ScheduleBatch,
+        block_ids: torch.Tensor,
+        draft_hidden: torch.Tensor,
+        lm_head: Any,
+    ) -> None:
+        """Called by DFlash's draft step after the draft pass: plan the tree, stage the verify."""
+        if (
+            batch.sampling_info is not None
+            and not batch.sampling_info.is_all_greedy
+            and not self._warned_greedy
+            and self.tp_rank == 0
+        ):
+            logger.warning("DDTREE verifies greedily; non-greedy requests follow the target argmax.")
+            self._warned_greedy = True
+        top_logprobs, top_tokens = self._draft_topk(draft_hidden[:, 1:, :], lm_head)
+        plan = plan_round(
+            top_logprobs,
+            top_tokens,
+            block_ids[:, 0],
+            batch.seq_lens,
+            budget=self.ddtree_budget,
+            shadow_linear=self.ddtree_shadow_linear,
+        )
+        verify_input = DDTreeVerifyInput.from_round(plan)
+        _, build_custom_mask = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
+        if not build_custom_mask and not self.ddtree_shadow_linear:
+            raise RuntimeError(
+                "DDTREE full-tree verification needs an attention backend that takes a custom "
+                "mask (triton); use --attention-backend triton or --speculative-ddtree-shadow-linear."
+            )
+        verify_input.prepare_for_verify(batch, self.page_size, build_custom_mask=build_custom_mask)
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.spec_info = verify_input
+        batch.return_hidden_states = False
+        self._record(plan)
+
+    def _record(self, plan: TreeRound) -> None:
+        tree = plan.expected_accept.sum()
+        chain = plan.chain_expected_accept.sum()
+        if self._tree_expected is None or self._chain_expected is None:
+            self._tree_expected, self._chain_expected = tree, chain
+        else:
+            self._tree_expected.add_(tree)
+            self._chain_expected.add_(chain)
+        self._rounds += int(plan.tree.tokens.shape[0])
+
+    def ddtree_stats(self) -> Dict[str, float]:
+        """Draft-expected accepted tokens per request-round, tree vs chain (syncs; not hot path)."""
+        if not self._rounds or self._tree_expected is None or self._chain_expected is None:
+            return {"rounds": 0.0, "tree_expected_accept": 0.0, "chain_expected_accept": 0.0}
+        return {
+            "rounds": float(self._rounds),
+            "tree_expected_accept": float(self._tree_expected) / self._rounds,
+            "chain_expected_accept": float(self._chain_expected) / self._rounds,
+        }

@@ -1,0 +1,118 @@
+"""payload deploy / verify / rollback against REAL sglang wheels in scratch venvs (local transport).
+
+The venvs hold the registry's sglang installed with --no-deps (no torch): verify loads
+the light modules by their files and says it skipped the full import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.errors import RefusedError
+from ddtree_deploy.lab.manager import lab_cache_dir
+from ddtree_deploy.lab.wheelhouse import download_real
+from ddtree_deploy.payload import deploy as ops
+from ddtree_deploy.payload.manifest import load_manifest
+from ddtree_deploy.resources import data_path
+from ddtree_deploy.transport.local import LocalTransport
+
+
+def scratch_venv(root: Path, wheel: Path) -> Path:
+    venv = root / wheel.name.split("-")[1]
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--no-compile", "--target", str(site), str(wheel)], check=True)
+    return venv
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def wheels() -> dict[str, Path]:
+    return download_real(lab_cache_dir() / "wheels" / "real")
+
+
+def test_deploy_verify_rollback_is_byte_exact(tmp_path: Path, wheels: dict[str, Path]) -> None:
+    venv = scratch_venv(tmp_path, wheels["sglang==0.5.11"])
+    pkg = next((venv / "lib").glob("python3.*/site-packages")) / "sglang"
+    before = tree_hashes(pkg)
+    manifest, folder = load_manifest(data_path("payload"))
+    with LocalTransport() as t:
+        out = ops.deploy(t, str(venv), manifest, folder)
+        assert out.action == "deployed" and out.sglang == "0.5.11"
+        checks = {c.name: c for c in out.checks}
+        assert all(c.status in ("passed", "skipped") for c in checks.values())
+        assert any(c.status == "passed" and c.mode == "light" for c in checks.values())
+        assert all(c.status == "skipped" and "torch" in c.detail
+                   for c in checks.values() if c.mode == "full")
+        during = tree_hashes(pkg)
+        assert during != before
+        assert {k for k in during if k not in before}  # the payload's new modules
+        again = ops.deploy(t, str(venv), manifest, folder)
+        assert again.action == "unchanged"
+        back = ops.rollback(t, str(venv))
+        assert back.action == "rolled back"
+        assert tree_hashes(pkg) == before
+        assert ops.rollback(t, str(venv)).action == "nothing to roll back"
+
+
+def test_deploy_clears_stale_pycache(tmp_path: Path, wheels: dict[str, Path]) -> None:
+    venv = scratch_venv(tmp_path, wheels["sglang==0.5.11"])
+    pkg = next((venv / "lib").glob("python3.*/site-packages")) / "sglang"
+    cache = pkg / "srt/speculative/__pycache__"
+    cache.mkdir(exist_ok=True)
+    stale = cache / "spec_info.cpython-311.pyc"
+    stale.write_bytes(b"stale")
+    manifest, folder = load_manifest(data_path("payload"))
+    with LocalTransport() as t:
+        ops.deploy(t, str(venv), manifest, folder)
+        assert not stale.exists()
+        stale.write_bytes(b"stale again")
+        ops.rollback(t, str(venv))
+        assert not stale.exists()
+
+
+def test_sglang_0510_without_dflash_is_refused(tmp_path: Path, wheels: dict[str, Path]) -> None:
+    venv = scratch_venv(tmp_path, wheels["sglang==0.5.10"])
+    manifest, folder = load_manifest(data_path("payload"))
+    with LocalTransport() as t, pytest.raises(RefusedError) as info:
+        ops.deploy(t, str(venv), manifest, folder)
+    assert "does not support sglang 0.5.10" in str(info.value)
+    assert "0.5.11" in str(info.value)
+
+
+def test_sglang_0523_is_refused(tmp_path: Path) -> None:
+    folder = lab_cache_dir() / "wheels" / "extra"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not list(folder.glob("sglang-0.5.23-*.whl")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", "--python-version", "3.11", "--platform",
+                        "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64",
+                        "--platform", "any", "-d", str(folder), "sglang==0.5.23"], check=True)
+    venv = scratch_venv(tmp_path, next(folder.glob("sglang-0.5.23-*.whl")))
+    manifest, payload = load_manifest(data_path("payload"))
+    with LocalTransport() as t, pytest.raises(RefusedError, match="does not support sglang 0.5.23"):
+        ops.deploy(t, str(venv), manifest, payload)
+
+
+def test_a_changed_upstream_file_is_refused_naming_it(tmp_path: Path,
+                                                      wheels: dict[str, Path]) -> None:
+    venv = scratch_venv(tmp_path, wheels["sglang==0.5.11"])
+    manifest, folder = load_manifest(data_path("payload"))
+    target = manifest.sglang["0.5.11"].patches[0].target
+    pkg = next((venv / "lib").glob("python3.*/site-packages")) / "sglang"
+    (pkg / target).write_text((pkg / target).read_text() + "\n# edited by hand\n")
+    with LocalTransport() as t, pytest.raises(RefusedError) as info:
+        ops.deploy(t, str(venv), manifest, folder)
+    text = str(info.value)
+    assert target in text and manifest.sglang["0.5.11"].patches[0].sha256 in text
+    assert "0.5.11" in text
