@@ -18,6 +18,7 @@ from ddtree_deploy import (
     cli_lab,
     cli_payload,
     cli_service,
+    cli_venv,
 )
 from ddtree_deploy.errors import DeployError
 
@@ -33,6 +34,7 @@ app.command()(cli_inventory.doctor)
 app.command()(cli_service.probe)
 app.add_typer(cli_service.app, name="service")
 app.add_typer(cli_payload.app, name="payload")
+app.add_typer(cli_venv.app, name="venv")
 app.add_typer(cli_hosts.app, name="hosts")
 app.add_typer(cli_lab.app, name="lab")
 

@@ -1,0 +1,34 @@
+"""`ddtree-deploy venv clone HOST SRC DST` (thin)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from ddtree_deploy.cli_common import config_of
+
+app = typer.Typer(help="Venvs on a host.", no_args_is_help=True)
+out = Console(soft_wrap=True)
+
+
+@app.callback()
+def venv() -> None:
+    """Venvs on a host."""
+
+
+@app.command("clone")
+def clone(ctx: typer.Context, host: str = typer.Argument(...),
+          src: str = typer.Argument(..., help="the venv to copy (a path on the host)"),
+          dst: str = typer.Argument(..., help="where the copy goes (must not exist)")) -> None:
+    """Copy a venv on its host: symlinks kept, scripts' shebangs and pyvenv.cfg fixed."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.venvclone import clone as do_clone
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    with open_transport(config, spec) as t:
+        result = do_clone(t, src, dst)
+    FactsCache().drop(spec)
+    out.print(f"{host}: {src} -> {dst} (fixed {len(result.fixed_scripts)} scripts: "
+              f"{', '.join(result.fixed_scripts) or '-'})", highlight=False)
