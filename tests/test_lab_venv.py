@@ -29,7 +29,7 @@ def test_clone_runs_as_itself(lab: Config) -> None:
                             "venv", "clone", "ct200", "/root/venv", dst],
                            capture_output=True, text=True, timeout=300, check=False)
         assert r.returncode == 0, r.stderr
-        assert run('head -n 1 "$1/bin/pip"', dst).strip() == f"#!{dst}/bin/python"
+        assert run('head -n 1 "$1/bin/pip"', dst).strip().startswith(f"#!{dst}/bin/python")
         assert run('"$1/bin/pip" --version', dst).split()[3].startswith(dst)
         assert run('"$1/bin/python" -c "import sys, torch; print(sys.prefix, torch.__version__)"',
                    dst).split() == [dst, "2.11.0+cu128"]
