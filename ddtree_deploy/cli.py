@@ -16,6 +16,7 @@ from ddtree_deploy import (
     cli_hosts,
     cli_inventory,
     cli_lab,
+    cli_overlay,
     cli_payload,
     cli_service,
     cli_venv,
@@ -35,6 +36,7 @@ app.command()(cli_service.probe)
 app.add_typer(cli_service.app, name="service")
 app.add_typer(cli_payload.app, name="payload")
 app.add_typer(cli_venv.app, name="venv")
+app.add_typer(cli_overlay.app, name="overlay")
 app.add_typer(cli_hosts.app, name="hosts")
 app.add_typer(cli_lab.app, name="lab")
 

@@ -1,0 +1,129 @@
+"""`ddtree-deploy overlay --abi LANE ...`, `overlay rollback`, `overlay history` (thin)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from ddtree_deploy.cli_common import config_of
+from ddtree_deploy.config import Config
+from ddtree_deploy.errors import UsageError
+
+app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_kernel) between "
+                       "hosts through the workstation: exact, cached, reversible.",
+                  invoke_without_command=True, no_args_is_help=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _target(config: Config, lane_name: str, host: str | None, venv: str | None
+            ) -> tuple[str, str]:
+    """--to/--venv, else the one deployment of the hosts file that needs this lane."""
+    if host and venv:
+        return host, venv
+    deps = [d for d in config.deployments.values() if d.cuda_lane == lane_name
+            and (host is None or d.host == host)]
+    if len(deps) != 1:
+        raise UsageError(f"say where the {lane_name} lane goes: --to HOST --venv PATH "
+                         f"({len(deps)} deployments of the hosts file need it)")
+    dep = deps[0]
+    return dep.host, venv or str(config.host(dep.host).venvs[dep.venv].path)
+
+
+@app.callback()
+def overlay(
+    ctx: typer.Context,
+    abi: str = typer.Option(None, "--abi", help="the lane: cu130, cu128 (overlays/*.yaml)"),
+    to: str = typer.Option(None, "--to", help="target host (default: the deployment's)"),
+    venv: str = typer.Option(None, "--venv", help="target venv (default: the deployment's)"),
+    from_host: str = typer.Option(None, "--from", help="source host (default: the lane's)"),
+    from_venv: str = typer.Option(None, "--from-venv", help="source venv (default: the lane's)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show what would change, send nothing"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Overlay the lane --abi onto a venv (or run a subcommand: rollback, history)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if abi is None:
+        raise UsageError("--abi LANE is needed (e.g. --abi cu130)")
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.overlay.cache import BlobCache
+    from ddtree_deploy.overlay.lane import load_lane
+    from ddtree_deploy.overlay.progress import RichProgress
+    from ddtree_deploy.overlay.render import render_plan
+    from ddtree_deploy.overlay.run import make_plan, run_overlay
+
+    config = config_of(ctx)
+    lane = load_lane(abi).with_source(host=from_host, venv=from_venv)
+    config.host(lane.source.host)
+    host, target_venv = _target(config, lane.lane, to, venv)
+    cache = BlobCache()
+    if dry_run:
+        plan, _ = make_plan(config, lane, host, target_venv, cache)
+        if as_json:
+            out.print_json(plan.model_dump_json())
+        else:
+            render_plan(plan, out)
+        return
+    with RichProgress(err) as progress:
+        result = run_overlay(config, lane, host, target_venv, cache=cache, progress=progress,
+                             on_status=lambda s: None)
+    FactsCache().drop(config.host(host))
+    summary: dict[str, Any] = {
+        "result": result.result, "lane": lane.lane, "target": {"host": host, "venv": target_venv},
+        "plan": result.plan.id, "bytes_fetched": result.fetched.wire if result.fetched else 0,
+        "bytes_pushed": result.pushed.wire if result.pushed else 0,
+        "backup": result.outcome.backup if result.outcome else None,
+        "checks": result.outcome.checks if result.outcome else [],
+    }
+    if as_json:
+        out.print_json(json.dumps(summary))
+    else:
+        out.print(f"{host}:{target_venv}: lane {lane.lane} {result.result} "
+                  f"(fetched {summary['bytes_fetched']} B, pushed {summary['bytes_pushed']} B)",
+                  highlight=False)
+        for c in summary["checks"]:
+            out.print(f"  check {c}", highlight=False)
+
+
+@app.command("rollback")
+def rollback(ctx: typer.Context, host: str = typer.Argument(...),
+             venv: str = typer.Option(..., "--venv")) -> None:
+    """Undo the latest overlay of the venv, byte for byte, from its backup."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.overlay import apply as remote_apply
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    with open_transport(config, spec) as t:
+        outcome = remote_apply.rollback(t, venv, sudo=spec.use_sudo)
+    FactsCache().drop(spec)
+    out.print(f"{host}:{venv}: {outcome.result}: {outcome.message}", highlight=False)
+
+
+@app.command("history")
+def history(ctx: typer.Context, host: str = typer.Argument(...),
+            venv: str = typer.Option(None, "--venv", help="default: every venv of the host"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every overlay applied to (and rolled back from) the host's venvs."""
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.overlay import apply as remote_apply
+
+    config = config_of(ctx)
+    spec = config.host(host)
+    venvs = [venv] if venv else [str(v.path) for v in spec.venvs.values()]
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with open_transport(config, spec) as t:
+        for v in venvs:
+            rows[v] = remote_apply.history(t, v, sudo=spec.use_sudo)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for v, entries in rows.items():
+        out.print(f"{host}:{v}: {len(entries)} entries", highlight=False)
+        for e in entries:
+            out.print(f"  {json.dumps(e, sort_keys=True)}", highlight=False, markup=False)

@@ -1,0 +1,115 @@
+"""Progress of byte transfers, one bar per host (bytes, rate, ETA), or none at all.
+
+Transfers talk to a `ProgressSink`: begin a task with its total, advance it by the
+bytes moved (from any thread), end it. `RichProgress` draws rich bars on stderr;
+`NullProgress` draws nothing; `CountingProgress` records totals (for tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+
+class ProgressSink(Protocol):
+    def begin(self, host: str, what: str, total: int) -> int: ...
+
+    def advance(self, task: int, nbytes: int) -> None: ...
+
+    def end(self, task: int) -> None: ...
+
+    def host(self, task: int) -> str: ...
+
+
+class _Hosts:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hosts: dict[int, str] = {}
+        self._next = 0
+
+    def _add(self, host: str) -> int:
+        with self._lock:
+            self._next += 1
+            self._hosts[self._next] = host
+            return self._next
+
+    def host(self, task: int) -> str:
+        return self._hosts.get(task, "?")
+
+
+class NullProgress(_Hosts):
+    def begin(self, host: str, what: str, total: int) -> int:
+        return self._add(host)
+
+    def advance(self, task: int, nbytes: int) -> None:
+        return None
+
+    def end(self, task: int) -> None:
+        return None
+
+
+class CountingProgress(_Hosts):
+    """Records per task: host, what, total, bytes advanced, whether it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: dict[int, dict[str, object]] = {}
+
+    def begin(self, host: str, what: str, total: int) -> int:
+        task = self._add(host)
+        self.tasks[task] = {"host": host, "what": what, "total": total, "done": 0, "ended": False}
+        return task
+
+    def advance(self, task: int, nbytes: int) -> None:
+        with self._lock:
+            self.tasks[task]["done"] = int(self.tasks[task]["done"]) + nbytes  # type: ignore[call-overload]
+
+    def end(self, task: int) -> None:
+        self.tasks[task]["ended"] = True
+
+
+class RichProgress(_Hosts):
+    """Rich bars on stderr: `host what  [bar]  done/total  rate  eta`. Use as a context."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        super().__init__()
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console or Console(stderr=True),
+            transient=False,
+        )
+        self._ids: dict[int, TaskID] = {}
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def begin(self, host: str, what: str, total: int) -> int:
+        task = self._add(host)
+        self._ids[task] = self._progress.add_task(f"{host} {what}", total=total)
+        return task
+
+    def advance(self, task: int, nbytes: int) -> None:
+        self._progress.advance(self._ids[task], nbytes)
+
+    def end(self, task: int) -> None:
+        tid = self._ids[task]
+        self._progress.update(tid, completed=self._progress.tasks[tid].total or 0)

@@ -1,0 +1,406 @@
+"""Moving a lane's files: source -> workstation blob cache -> target staging, streamed.
+
+fetch: one `python -c SOURCE_TAR` on the source writes a tar of the needed files
+(members named by sha256) to stdout; the workstation reads it with tarfile's stream
+mode and stores each member in the BlobCache, which verifies the sha256 before a
+blob exists. Only contents the cache lacks are asked for, so a second target or a
+re-run fetches nothing again.
+
+push: one round trip hashes what the target's staging already holds (right hash:
+skipped, damaged: deleted); a second streams a tar of the missing blobs into a
+receiver on the target that hashes each file while writing it and renames it into
+``staging/blobs/<sha256>`` only when it matches. Its JSON answer lists every file
+verified; anything missing or damaged raises IntegrityError.
+
+Memory stays bounded: 1 MiB chunks and an OS pipe between the transport's thread
+and the tar reader or writer; no file is ever held whole.
+
+The numbers behind the choices (benchmarks/transfer_ssh_vs_paramiko.py, 530 MB of
+real .so files from the torch and CUDA runtime wheels, loopback sshd, 2-core
+machine, median of 3; benchmarks/results/transfer_ssh_vs_paramiko.txt):
+
+    client    compression        seconds   MB/s  wire MB
+    paramiko  none                  2.01  263.7    529.9
+    openssh   none                  2.21  240.0    529.9
+    paramiko  zstd -3               2.14  247.2    127.0
+    paramiko  zstd -1 --long=27     2.06  257.1    137.9
+    openssh   zstd -1 --long=27     1.88  281.2    137.9
+
+* paramiko vs the system OpenSSH client: within 10% of each other either way on
+  loopback (the CPU, not the cipher, is the limit), so bulk data stays on the
+  transport's own paramiko channel: one connection, one host-key policy, jump
+  hosts for free. No subprocess `ssh` path.
+* zstd -1 --long=27 costs nothing measurable end to end even on loopback at
+  ~260 MB/s and sends 3.8x fewer bytes, so on any slower link (1-10 GbE,
+  the workstation's uplink) it is proportionally faster. Plain zstd -1 sent
+  146 MB (long mode: 6% less); level 3 only 8% less than -1 --long for more CPU
+  (with --long: 2.55 s). Near-duplicate cu12/cu13 library pairs were not in this
+  data set. So: zstd -1 --long=27 (128 MiB window) whenever the far host has a
+  `zstd` binary, plain tar otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tarfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import zstandard
+
+from ddtree_deploy.errors import DeployError, RemoteCommandError, TransportError
+from ddtree_deploy.overlay.cache import CHUNK, BlobCache, IntegrityError
+from ddtree_deploy.overlay.model import FileEntry
+from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
+from ddtree_deploy.overlay.transfer_scripts import (
+    RECEIVE_SHELL,
+    SOURCE_SHELL,
+    SOURCE_TAR,
+    STAGING_CHECK,
+    STAGING_RECEIVE,
+)
+from ddtree_deploy.transport.base import Command, Result, Transport
+
+ZSTD_FLAGS = "-1 --long=27"
+WINDOW_LOG = 27
+CHECK_TIMEOUT = 3600.0
+
+
+@dataclass
+class TransferReport:
+    """What one fetch or push did. `payload` counts file bytes, `wire` the bytes moved."""
+
+    files: int = 0
+    payload: int = 0
+    wire: int = 0
+    skipped: int = 0  # files not moved because the cache / the staging already had them
+    compressed: bool = False
+
+
+def unique_by_sha(files: Iterable[FileEntry]) -> list[FileEntry]:
+    """One entry per content (first path wins), order kept."""
+    seen: dict[str, FileEntry] = {}
+    for entry in files:
+        seen.setdefault(entry.sha256, entry)
+    return list(seen.values())
+
+
+class _PipeWriter:
+    """The write end of an OS pipe as a file; after the reader gives up it discards."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.count = 0
+        self.discard = False
+
+    def write(self, data: bytes) -> int:
+        self.count += len(data)
+        view = memoryview(data)
+        while view and not self.discard:
+            try:
+                view = view[os.write(self.fd, view) :]
+            except (BrokenPipeError, OSError):
+                self.discard = True
+        return len(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+class _Counted:
+    """A readable that reports each chunk read to a progress callback."""
+
+    def __init__(self, inner: BinaryIO, tick: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._tick = tick
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._inner.read(size)
+        if data:
+            self._tick(len(data))
+        return data
+
+
+def _str_list(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _run_json(host: Transport, cmd: Command, what: str) -> dict[str, object]:
+    result = host.run(cmd, timeout=CHECK_TIMEOUT)
+    return _parse(result, what)
+
+
+def _failure(result: Result, what: str) -> RemoteCommandError:
+    """A short error: what failed, the exit code, the last lines of stderr (not the script)."""
+    tail = "; ".join(result.stderr.strip().splitlines()[-3:])[-600:]
+    return RemoteCommandError(
+        f"{result.host}: {what} failed (exit {result.exit_code})" + (f": {tail}" if tail else "")
+    )
+
+
+def _parse(result: Result, what: str) -> dict[str, object]:
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise _failure(result, what) from None
+    if not isinstance(data, dict):
+        raise _failure(result, what)
+    return data
+
+
+# -- fetch ----------------------------------------------------------------------
+
+
+def fetch(
+    source: Transport,
+    site_packages: str,
+    files: Iterable[FileEntry],
+    cache: BlobCache,
+    progress: ProgressSink | None = None,
+    *,
+    python: str = "python3",
+    compress: bool = True,
+    sudo: bool = False,
+) -> TransferReport:
+    """Bring every content of `files` the cache lacks from `source` into `cache`."""
+    progress = progress or NullProgress()
+    entries = unique_by_sha(files)
+    need = [e for e in entries if not cache.has(e.sha256)]
+    report = TransferReport(skipped=len(entries) - len(need))
+    if not need:
+        return report
+    by_sha = {e.sha256: e for e in need}
+    listing = json.dumps([[e.sha256, e.path] for e in need]).encode()
+    cmd = Command.shell(
+        SOURCE_SHELL, python, SOURCE_TAR, site_packages, ZSTD_FLAGS if compress else "",
+        stdin=listing, sudo=sudo,
+    )  # fmt: skip
+    rfd, wfd = os.pipe()
+    writer = _PipeWriter(wfd)
+    outcome: list[Result | BaseException] = []
+
+    def produce() -> None:
+        try:
+            outcome.append(source.run_stream_out(cmd, writer))  # type: ignore[arg-type]
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            writer.close()
+
+    task = progress.begin(source.host, "fetch", sum(e.size for e in need))
+    thread = threading.Thread(target=produce, name=f"fetch-{source.host}", daemon=True)
+    thread.start()
+    reader = os.fdopen(rfd, "rb", buffering=CHUNK)
+    seen: dict[str, str] = {}
+    try:
+        _read_source_tar(reader, by_sha, cache, report, progress, task, seen)
+    except BaseException as exc:
+        writer.discard = True
+        reader.close()
+        if seen.get("pid", "").isdigit():
+            with contextlib.suppress(DeployError):
+                source.run(Command.of("kill", "-TERM", seen["pid"], sudo=sudo), timeout=15)
+        thread.join(timeout=30)
+        done = outcome[0] if outcome else None
+        broken = isinstance(done, Result) and (not done.ok or done.stderr.strip())
+        if isinstance(exc, TransportError) and isinstance(done, Result) and broken:
+            raise _failure(done, "reading the lane's files on the source") from exc
+        if isinstance(exc, TransportError) and isinstance(done, BaseException):
+            raise done from exc
+        raise
+    finally:
+        reader.close()
+        progress.end(task)
+    thread.join()
+    report.wire = writer.count
+    result = outcome[0] if outcome else None
+    if isinstance(result, BaseException):
+        raise result
+    if result is not None and not result.ok and report.files < len(need):
+        raise _failure(result, "reading the lane's files on the source")
+    return report
+
+
+def _read_source_tar(
+    reader: BinaryIO,
+    by_sha: dict[str, FileEntry],
+    cache: BlobCache,
+    report: TransferReport,
+    progress: ProgressSink,
+    task: int,
+    seen: dict[str, str],
+) -> None:
+    """Store the stream's files in the cache; `seen["pid"]`: the source's process."""
+    host = progress.host(task)
+    kind = reader.read(1)
+    stream: BinaryIO = reader
+    if kind == b"Z":
+        report.compressed = True
+        dctx = zstandard.ZstdDecompressor(max_window_size=1 << WINDOW_LOG)
+        stream = dctx.stream_reader(reader, read_size=CHUNK)
+    elif kind != b"P":
+        raise TransportError(f"{host}: the source sent no file stream (is python there?)")
+    end: dict[str, object] | None = None
+    try:
+        tar = tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK)  # noqa: SIM115
+        for member in tar:
+            data = tar.extractfile(member) if member.isfile() else None
+            if data is None:
+                raise TransportError(f"{host}: unexpected entry {member.name!r} in the stream")
+            if member.name == "pid":
+                seen["pid"] = data.read(32).decode("ascii", "replace").strip()
+                continue
+            if member.name == "end":
+                end = json.loads(data.read())
+                break
+            entry = by_sha.get(member.name)
+            if entry is None:
+                raise TransportError(f"{host}: the source sent a file not asked for")
+            if member.size != entry.size:
+                raise IntegrityError(
+                    f"{host}: {entry.path} has {member.size} bytes on the source, "
+                    f"the manifest says {entry.size}; re-run the plan"
+                )
+            counted = _Counted(data, lambda n: progress.advance(task, n))  # type: ignore[arg-type]
+            try:
+                cache.put(entry.sha256, counted, entry.size)  # type: ignore[arg-type]
+            except IntegrityError as exc:
+                raise IntegrityError(
+                    f"{host}: {entry.path} changed since the plan was made ({exc}); re-run the plan"
+                ) from exc
+            report.files += 1
+            report.payload += entry.size
+    except (tarfile.TarError, EOFError, zstandard.ZstdError) as exc:
+        raise TransportError(f"{host}: the file stream broke off: {exc}") from exc
+    if end is None:
+        raise TransportError(f"{host}: the file stream from the source ended early", hint=None)
+    missing = end.get("missing")
+    if isinstance(missing, list) and missing:
+        names = ", ".join(str(m[0]) if isinstance(m, list) else str(m) for m in missing[:5])
+        raise DeployError(
+            f"{host}: {len(missing)} file(s) of the lane are missing on the source: {names}",
+            hint="the source venv changed since the plan was made; re-run the plan",
+        )
+
+
+# -- push -----------------------------------------------------------------------
+
+
+def push(
+    target: Transport,
+    staging_dir: str,
+    files: Iterable[FileEntry],
+    cache: BlobCache,
+    progress: ProgressSink | None = None,
+    *,
+    python: str = "python3",
+    compress: bool = True,
+    sudo: bool = False,
+) -> TransferReport:
+    """Make `staging_dir/blobs/<sha256>` hold every content of `files`, verified there."""
+    progress = progress or NullProgress()
+    entries = unique_by_sha(files)
+    absent = [e.sha256 for e in entries if not cache.has(e.sha256)]
+    if absent:
+        raise DeployError(f"{len(absent)} blob(s) to push are not in the cache (fetch first)")
+    listing = json.dumps([[e.sha256, e.size] for e in entries]).encode()
+    check = Command.of(python, "-c", STAGING_CHECK, staging_dir, stdin=listing, sudo=sudo)
+    state = _run_json(target, check, "the staging check")
+    present = set(_str_list(state.get("present")))
+    need = [e for e in entries if e.sha256 not in present]
+    report = TransferReport(skipped=len(entries) - len(need))
+    if not need:
+        return report
+    use_zstd = compress and bool(state.get("zstd"))
+    report.compressed = use_zstd
+    total = sum(e.size for e in need)
+    free = state.get("free")
+    if isinstance(free, int) and free < total:
+        raise DeployError(
+            f"{target.host}: {staging_dir} has {free} bytes free, the staging needs {total}"
+        )
+    task = progress.begin(target.host, "push", total)
+    rfd, wfd = os.pipe()
+    writer = _PipeWriter(wfd)
+    errors: list[BaseException] = []
+    thread = threading.Thread(
+        target=_write_tar, args=(writer, need, cache, use_zstd, progress, task, errors),
+        name=f"push-{target.host}", daemon=True,
+    )  # fmt: skip
+    cmd = Command.shell(
+        RECEIVE_SHELL, python, STAGING_RECEIVE, staging_dir, "z" if use_zstd else "", sudo=sudo
+    )
+    thread.start()
+    try:
+        with os.fdopen(rfd, "rb", buffering=0) as pipe_in:
+            result = target.run_stream_in(cmd, pipe_in)
+            writer.discard = True  # the far side stopped reading: let the writer finish
+    finally:
+        thread.join()
+        progress.end(task)
+    report.wire = writer.count
+    if errors:
+        raise errors[0]
+    answer = _parse(result, "the staging receiver")
+    ok = set(_str_list(answer.get("ok")))
+    bad = [e for e in need if e.sha256 not in ok]
+    if bad:
+        detail = answer.get("error") or "content differs from its sha256"
+        raise IntegrityError(
+            f"{target.host}: {len(bad)} file(s) did not arrive intact in {staging_dir} "
+            f"(e.g. {bad[0].path}): {detail}",
+            hint="re-run: verified files are kept, only the rest is sent again",
+        )
+    report.files = len(need)
+    report.payload = total
+    return report
+
+
+def _write_tar(
+    writer: _PipeWriter,
+    need: list[FileEntry],
+    cache: BlobCache,
+    use_zstd: bool,
+    progress: ProgressSink,
+    task: int,
+    errors: list[BaseException],
+) -> None:
+    try:
+        sink: BinaryIO = writer  # type: ignore[assignment]
+        comp = None
+        if use_zstd:
+            params = zstandard.ZstdCompressionParameters.from_level(
+                1, window_log=WINDOW_LOG, enable_ldm=True
+            )
+            comp = zstandard.ZstdCompressor(compression_params=params).stream_writer(
+                writer,  # type: ignore[arg-type]
+                write_size=CHUNK,
+                closefd=False,
+            )
+            sink = comp
+        tar = tarfile.open(  # noqa: SIM115 - closed below, after the end marker
+            fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK
+        )
+        tar.copybufsize = CHUNK  # type: ignore[attr-defined]
+        for entry in need:
+            if writer.discard:
+                break
+            info = tarfile.TarInfo(entry.sha256)
+            info.size = entry.size
+            info.mode = 0o644
+            with cache.open(entry.sha256) as blob:
+                tar.addfile(info, _Counted(blob, lambda n: progress.advance(task, n)))  # type: ignore[arg-type]
+        end = tarfile.TarInfo("end")
+        tar.addfile(end)
+        tar.close()
+        if comp is not None:
+            comp.flush(zstandard.FLUSH_FRAME)
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        writer.close()
