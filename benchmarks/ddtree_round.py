@@ -157,6 +157,7 @@ def heap_round(
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "payload"))
 from ddtree import build_tree, compile_tree, draft_topk, walk_tree  # noqa: E402
+from ddtree.core import triton_available  # noqa: E402
 
 Round = Callable[[], dict[str, torch.Tensor]]
 
@@ -168,11 +169,12 @@ def core_round(
     start: torch.Tensor,
     target_tokens: torch.Tensor,
     budget: int,
+    backend: str = "auto",
 ) -> dict[str, torch.Tensor]:
     """Build + compile + walk from the drafter's per-depth top-k."""
-    tree = build_tree(lp, tok, roots, budget)
-    verify = compile_tree(tree, start)
-    walk = walk_tree(tree, target_tokens, verify.mask)
+    tree = build_tree(lp, tok, roots, budget, backend=backend)
+    verify = compile_tree(tree, start, backend=backend)
+    walk = walk_tree(tree, target_tokens, verify.mask, backend=backend)
     return {
         "input_ids": verify.input_ids,
         "positions": verify.positions,
@@ -240,28 +242,40 @@ def bench_case(args: argparse.Namespace, device: torch.device, budget: int, batc
     roots = torch.randint(0, args.vocab, (batch,), generator=gen).to(device)
     start = torch.randint(0, 4096, (batch,), generator=gen).to(device)
     # The target agrees with the drafter's top-1 at every depth, so the walk follows the tree.
-    lp, tok = draft_topk(logits, args.top_k)
-    tree = build_tree(lp, tok, roots, budget)
+    backend = args.backend
+    lp, tok = draft_topk(logits, args.top_k, backend=backend)
+    tree = build_tree(lp, tok, roots, budget, backend=backend)
     target = tok[:, :, 0].gather(1, tree.depths.clamp(max=depths - 1))
 
     # "round": from draft logits (the vocabulary top-k included); "tree": from the top-k.
     def core() -> dict[str, torch.Tensor]:
-        top_lp, top_tok = draft_topk(logits, args.top_k)
-        return core_round(top_lp, top_tok, roots, start, target, budget)
+        top_lp, top_tok = draft_topk(logits, args.top_k, backend=backend)
+        return core_round(top_lp, top_tok, roots, start, target, budget, backend)
+
+    def torch_core() -> dict[str, torch.Tensor]:
+        top_lp, top_tok = draft_topk(logits, args.top_k, backend="torch")
+        return core_round(top_lp, top_tok, roots, start, target, budget, "torch")
 
     def heap() -> dict[str, torch.Tensor]:
-        top_lp, top_tok = draft_topk(logits, args.top_k)
+        top_lp, top_tok = draft_topk(logits, args.top_k, backend=backend)
         return heap_round(top_lp, top_tok, roots, start, target, budget)
 
     def core_tree() -> dict[str, torch.Tensor]:
-        return core_round(lp, tok, roots, start, target, budget)
+        return core_round(lp, tok, roots, start, target, budget, backend)
 
     def heap_tree() -> dict[str, torch.Tensor]:
         return heap_round(lp, tok, roots, start, target, budget)
 
     got, want = core(), heap()
     agree = all(torch.equal(got[key], want[key]) for key in want)
+    fast = device.type == "cuda" and triton_available() and backend != "torch"
     row: dict = {"budget": budget, "batch": batch, "agree": agree}
+    row["backend"] = "triton" if fast or backend == "triton" else "torch"
+    if args.compare_torch:
+        # The pure-torch path from the same top-k must build the very same trees and walks.
+        slow = core_round(lp, tok, roots, start, target, budget, "torch")
+        quick = core_tree()
+        row["torch_agree"] = all(torch.equal(quick[key], slow[key]) for key in slow)
     row["mean_accepted"] = float((want["path"] >= 0).sum().item() - batch) / batch
     heap_warmup = min(args.warmup, 3)
     for name, c_fn, h_fn in (("", core, heap), ("tree_", core_tree, heap_tree)):
@@ -271,6 +285,8 @@ def bench_case(args: argparse.Namespace, device: torch.device, budget: int, batc
         if device.type == "cuda":
             row[f"{name}core_graph_us"] = graph_time_us(c_fn, args.rounds, args.warmup)
             row[f"{name}speedup_graph"] = row[f"{name}heap_us"] / row[f"{name}core_graph_us"]
+    if args.compare_torch and device.type == "cuda":
+        row["torch_graph_us"] = graph_time_us(torch_core, args.rounds, args.warmup)
     if device.type == "cuda":
         row["sync_free"], row["sync_error"] = check_sync_free(core)
     return row
@@ -289,7 +305,10 @@ def print_table(rows: list[dict]) -> None:
         "tree_core_graph_us",
         "tree_heap_us",
         "tree_speedup",
+        "torch_graph_us",
+        "backend",
         "agree",
+        "torch_agree",
         "sync_free",
         "mean_accepted",
     ]
@@ -316,6 +335,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=500)
     p.add_argument("--heap-rounds", type=int, default=50)
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument(
+        "--backend", default="auto", choices=["auto", "torch", "triton"],
+        help="the core's backend (auto: Triton kernels on CUDA where triton imports)",
+    )  # fmt: skip
+    p.add_argument(
+        "--compare-torch", action="store_true",
+        help="also time the pure-torch round (CUDA graph) and check it builds the same trees",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
     if args.block < 2 or args.top_k < 1 or args.vocab < 2 or min(args.budgets) < 1:
@@ -359,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"goal, budget 63 batch 1, {label}: {best:.1f} us, {ratio:.1f}x the heap")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    ok = all(r["agree"] and r.get("sync_free", True) for r in rows)
+    ok = all(r["agree"] and r.get("sync_free", True) and r.get("torch_agree", True) for r in rows)
     if not ok:
         print(
             "error: the core disagreed with the heap or synchronised with the host", file=sys.stderr

@@ -394,3 +394,147 @@ def test_lossless_and_accepting_with_the_target_as_drafter(seed: int) -> None:
     got, mean_tokens = speculative(target, target, PROMPTS, 30, depths=7, budget=31, top_k=4)
     assert got == want
     assert mean_tokens >= 3.0, mean_tokens  # tokens committed per round, bonus included
+
+
+# ------------------------------------------------------------ the Triton fast path (kernels)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> tuple[object, str]:
+    """The kernels module and the device to run it on: CUDA when present, else CPU when this
+    process runs Triton's interpreter (``TRITON_INTERPRET=1`` from the start, see below)."""
+    import os
+
+    from ddtree import core
+
+    if torch.cuda.is_available() and core.triton_available():
+        return core._KERNELS, "cuda"
+    if os.environ.get("TRITON_INTERPRET") == "1" and core.triton_available():
+        return core._KERNELS, "cpu"
+    pytest.skip("needs a CUDA GPU or Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def test_kernels_in_the_triton_interpreter() -> None:
+    """Where Triton is installed but no GPU is, run the kernel tests in its CPU interpreter.
+
+    The interpreter must be on before triton is first imported, hence a fresh process."""
+    import importlib.util
+    import os
+    import subprocess
+
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the kernel tests run directly in this process")
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed here (the kernels are tested on the GPU)")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+         "-k", "kernel and not interpreter", __file__],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 passed" in proc.stdout, proc.stdout[-2000:]
+
+
+def kernel_case(seed: int, device: str) -> tuple[torch.Tensor, ...]:
+    lp, tok, roots, budget = random_case(seed, ties=seed % 2 == 1)
+    return lp.to(device), tok.to(device), roots.to(device), torch.tensor(budget)
+
+
+def check_kernels_against_torch(mod: object, lp: torch.Tensor, tok: torch.Tensor,
+                                roots: torch.Tensor, budget: int) -> None:  # fmt: skip
+    kern = mod  # the module's wrappers return the core's fields as plain tensors
+    dev = lp.device
+    ref = build_tree(lp, tok, roots, budget, backend="torch")
+    got = kern.build(lp, tok, roots, budget)  # type: ignore[attr-defined]
+    for name, value in zip(("tokens", "parents", "depths", "ranks", "scores", "valid"), got,
+                           strict=True):  # fmt: skip
+        assert torch.equal(value, getattr(ref, name)), name
+        assert value.dtype == getattr(ref, name).dtype, name
+    start = torch.arange(lp.shape[0], device=dev) * 7 + 5
+    vref = compile_tree(ref, start, pad_token_id=3, backend="torch")
+    vgot = kern.compile_verify(  # type: ignore[attr-defined]
+        ref.parents, ref.tokens, ref.depths, start, ref.max_depth, 3, torch.float32
+    )
+    for name, value in zip(("input_ids", "positions", "mask", "additive_mask"), vgot,
+                           strict=True):  # fmt: skip
+        assert torch.equal(value, getattr(vref, name)), name
+    gen = torch.Generator().manual_seed(int(budget))
+    target = torch.randint(0, int(tok.max()) + 2, ref.tokens.shape, generator=gen).to(dev)
+    for b in range(lp.shape[0]):  # mostly follow the tree so that walks go deep
+        for i in range(1, ref.tokens.shape[1]):
+            if ref.valid[b, i] and torch.rand(1, generator=gen) < 0.7:
+                target[b, ref.parents[b, i]] = ref.tokens[b, i]
+    wref = walk_tree(ref, target, vref.mask, backend="torch")
+    wgot = kern.walk(  # type: ignore[attr-defined]
+        ref.tokens, ref.parents, ref.depths, ref.valid, target, vref.mask, ref.max_depth
+    )
+    for name, value in zip(("path", "num_accepted", "bonus", "new_tokens"), wgot, strict=True):
+        assert torch.equal(value, getattr(wref, name)), name
+
+
+def test_kernels_match_torch_on_random_trees(kernels: tuple[object, str]) -> None:
+    mod, dev = kernels
+    seeds = range(40) if dev == "cuda" else (1, 2, 5, 10, 13, 22)  # the interpreter is slow
+    for seed in seeds:
+        lp, tok, roots, budget = kernel_case(seed, dev)
+        check_kernels_against_torch(mod, lp, tok, roots, int(budget))
+
+
+def test_kernels_match_torch_at_the_issue_sizes(kernels: tuple[object, str]) -> None:
+    mod, dev = kernels
+    sizes = [(1, 15, 8, 63), (3, 15, 8, 127), (2, 15, 8, 15)] if dev == "cuda" else [(1, 15, 8, 63)]
+    for bs, depths, k, budget in sizes:
+        gen = torch.Generator().manual_seed(bs * 1000 + budget)
+        logits = torch.randn(bs, depths, 1000, generator=gen) * 3
+        lp, tok = draft_topk(logits, k, backend="torch")
+        roots = torch.randint(0, 1000, (bs,), generator=gen)
+        check_kernels_against_torch(mod, lp.to(dev), tok.to(dev), roots.to(dev), budget)
+        # Heavy ties (scores built from four values) at the same sizes.
+        tied = tie_heavy_logprobs(gen, bs, depths, k)
+        check_kernels_against_torch(mod, tied.to(dev), tok.to(dev), roots.to(dev), budget)
+
+
+def test_kernel_topk_matches_torch(kernels: tuple[object, str]) -> None:
+    mod, dev = kernels
+    for rows, vocab, k in [(3, 50, 4), (2, 5000, 8), (1, 7, 7)] + (
+        [(15, 151_936, 8), (240, 151_936, 8)] if dev == "cuda" else []
+    ):
+        gen = torch.Generator().manual_seed(rows + vocab)
+        logits = (torch.randn(rows, vocab, generator=gen) * 3).to(dev)
+        lp, tok = mod.topk_logprobs(logits, k)  # type: ignore[attr-defined]
+        want_lp, want_tok = torch.log_softmax(logits.float(), -1).topk(k, -1)
+        assert torch.equal(tok, want_tok)  # random logits: no ties
+        assert torch.allclose(lp, want_lp, rtol=0, atol=2e-5)
+        assert (lp[:, 1:] <= lp[:, :-1]).all()
+
+
+def test_backend_choice_is_checked() -> None:
+    from ddtree import core
+
+    lp, tok = draft_topk(torch.randn(1, 3, 10), 4, backend="torch")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        build_tree(lp, tok, torch.tensor([0]), 5, backend="cuda")
+    if not core.triton_available():
+        with pytest.raises(ValueError, match="needs the triton package"):
+            build_tree(lp, tok, torch.tensor([0]), 5, backend="triton")
+    # "auto" on CPU tensors is the torch path, whatever is installed.
+    auto = build_tree(lp, tok, torch.tensor([0]), 5)
+    assert torch.equal(
+        auto.tokens, build_tree(lp, tok, torch.tensor([0]), 5, backend="torch").tokens
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_round_dispatches_to_triton_and_agrees() -> None:
+    from ddtree import core
+
+    assert core.triton_available()
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(4, 15, 151_936, generator=gen) * 3).cuda()
+    lp, tok = draft_topk(logits, 8)
+    roots = torch.randint(0, 151_936, (4,), generator=gen).cuda()
+    fast = build_tree(lp, tok, roots, 63)
+    slow = build_tree(lp, tok, roots, 63, backend="torch")
+    for name in ("tokens", "parents", "depths", "ranks", "scores", "valid"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name

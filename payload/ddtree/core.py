@@ -2,8 +2,16 @@
 
 DDTree (Ringel & Romano, arXiv 2604.12989) turns one block-diffusion draft pass into a tree of
 candidate continuations under a node budget and verifies the whole tree in one target forward
-pass with an ancestor-only attention mask. This module is the algorithmic core only; it imports
+pass with an ancestor-only attention mask. This module is the algorithmic core only; it needs
 nothing but torch so that it can be copied into an inference engine as a single file.
+
+Backends: every public function takes ``backend="auto" | "torch" | "triton"``. The pure-torch
+code below is the reference and the CPU path. Where Triton imports and the tensors are on CUDA,
+"auto" runs the fused kernels of ``triton_kernels.py`` (shipped as
+``sglang.srt.speculative.ddtree_triton``): one kernel each for build, compile and walk, two for
+the vocabulary top-k, instead of about 130 small torch kernels. They produce the same trees,
+masks and walks bit for bit; ``draft_topk``'s log-probabilities may differ from
+``torch.log_softmax``'s in the last bits (its normaliser is summed in another order).
 
 Every function is batched over requests, runs on CPU and CUDA, and does no host synchronisation
 (no ``.item()``, ``.tolist()``, ``.cpu()``, boolean indexing or data-dependent shapes): all shapes
@@ -53,9 +61,30 @@ out depth-major) orders them globally; its first B entries are the heap's B pops
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
+
+
+def _load_kernels() -> Any:
+    """The Triton kernels, from inside SGLang or beside this file; None where Triton is missing."""
+    try:
+        from sglang.srt.speculative import ddtree_triton
+
+        return ddtree_triton
+    except Exception:  # any failure means: no fast path here
+        pass
+    try:
+        from ddtree import triton_kernels
+
+        return triton_kernels
+    except Exception:
+        return None
+
+
+_KERNELS = _load_kernels()
+_BACKENDS = ("auto", "torch", "triton")
 
 __all__ = [
     "DDTree",
@@ -65,6 +94,7 @@ __all__ = [
     "build_tree",
     "compile_tree",
     "draft_topk",
+    "triton_available",
     "walk_tree",
 ]
 
@@ -102,7 +132,27 @@ class WalkResult:
     new_tokens: Tensor  # [bs, D + 1] int64 accepted tokens then the bonus, padded -1
 
 
-def draft_topk(draft_logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
+def triton_available() -> bool:
+    """Whether the Triton kernels imported (they still run only on CUDA tensors)."""
+    return _KERNELS is not None
+
+
+def _use_triton(backend: str, t: Tensor, supported: bool = True) -> bool:
+    """Resolve ``backend`` for a call whose tensors live where ``t`` does."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        if _KERNELS is None:
+            raise ValueError("backend 'triton' needs the triton package, which did not import")
+        if not supported:
+            raise ValueError("backend 'triton' does not handle these sizes; use 'auto' or 'torch'")
+        return True
+    return _KERNELS is not None and t.is_cuda and supported
+
+
+def draft_topk(draft_logits: Tensor, top_k: int, *, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """Per-depth top-k of the drafter's log-probabilities.
 
     ``draft_logits [bs, D, V]`` (logits or log-probabilities) -> ``(logprobs, tokens)``, both
@@ -113,13 +163,22 @@ def draft_topk(draft_logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     k = min(top_k, draft_logits.shape[-1])
+    if _use_triton(backend, draft_logits, supported=k <= 64) and _KERNELS is not None:
+        bs, depths, vocab = draft_logits.shape
+        lp, tok = _KERNELS.topk_logprobs(draft_logits.reshape(bs * depths, vocab), k)
+        return lp.view(bs, depths, k), tok.view(bs, depths, k)
     logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
     values, tokens = torch.topk(logprobs, k, dim=-1, largest=True, sorted=True)
     return values + 0.0, tokens  # + 0.0 turns a -0.0 into +0.0 so it cannot sort apart
 
 
 def build_tree(
-    top_logprobs: Tensor, top_tokens: Tensor, root_tokens: Tensor, budget: int
+    top_logprobs: Tensor,
+    top_tokens: Tensor,
+    root_tokens: Tensor,
+    budget: int,
+    *,
+    backend: str = "auto",
 ) -> DDTree:
     """Choose the ``budget`` best nodes of the top-k-per-depth tree (heap order, see module doc).
 
@@ -138,6 +197,12 @@ def build_tree(
         raise ValueError(f"budget must be at least 1, got {budget}")
     if root_tokens.shape != (bs,):
         raise ValueError(f"root_tokens must be [{bs}], got {_shape(root_tokens)}")
+    supported = _KERNELS is not None and _KERNELS.build_supported(depths, k, budget)
+    if _use_triton(backend, top_logprobs, supported) and _KERNELS is not None:
+        tokens, parents, depth_of, ranks, scores, valid = _KERNELS.build(
+            top_logprobs, top_tokens, root_tokens, budget
+        )
+        return DDTree(tokens, parents, depth_of, ranks, scores, valid, max_depth=depths)
     dev = top_logprobs.device
     logprobs = top_logprobs.float()
     neg_inf = float("-inf")
@@ -213,6 +278,8 @@ def compile_tree(
     start_positions: Tensor,
     pad_token_id: int = 0,
     mask_dtype: torch.dtype = torch.float32,
+    *,
+    backend: str = "auto",
 ) -> VerifyInputs:
     """Verify inputs for the target: ids, positions ``start + depth`` and the ancestor mask.
 
@@ -221,6 +288,12 @@ def compile_tree(
     bs = tree.tokens.shape[0]
     if start_positions.shape != (bs,):
         raise ValueError(f"start_positions must be [{bs}], got {_shape(start_positions)}")
+    if _use_triton(backend, tree.parents) and _KERNELS is not None:
+        ids, positions, mask, additive = _KERNELS.compile_verify(
+            tree.parents, tree.tokens, tree.depths, start_positions, tree.max_depth,
+            pad_token_id, mask_dtype,
+        )  # fmt: skip
+        return VerifyInputs(ids, positions, mask, additive)
     mask = ancestor_mask(tree.parents, tree.max_depth)
     additive = torch.where(mask, 0.0, float("-inf")).to(mask_dtype)
     return VerifyInputs(
@@ -231,7 +304,9 @@ def compile_tree(
     )
 
 
-def walk_tree(tree: DDTree, target_tokens: Tensor, mask: Tensor) -> WalkResult:
+def walk_tree(
+    tree: DDTree, target_tokens: Tensor, mask: Tensor, *, backend: str = "auto"
+) -> WalkResult:
     """Greedy walk: follow the child whose token the target chose; the first miss is the bonus.
 
     ``target_tokens [bs, N]``: the target's token after each slot; ``mask``: the bool ancestor
@@ -242,6 +317,12 @@ def walk_tree(tree: DDTree, target_tokens: Tensor, mask: Tensor) -> WalkResult:
         raise ValueError(
             f"target_tokens must be {_shape(tree.tokens)}, got {_shape(target_tokens)}"
         )
+    if _use_triton(backend, tree.tokens) and _KERNELS is not None:
+        path, num_accepted, bonus, new_tokens = _KERNELS.walk(
+            tree.tokens, tree.parents, tree.depths, tree.valid, target_tokens, mask,
+            tree.max_depth,
+        )  # fmt: skip
+        return WalkResult(path, num_accepted, bonus, new_tokens)
     bs, n = tree.tokens.shape
     dev = tree.tokens.device
     depths = tree.max_depth
