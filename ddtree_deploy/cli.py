@@ -13,6 +13,7 @@ from rich.console import Console
 
 from ddtree_deploy import (
     __version__,
+    cli_converge,
     cli_hosts,
     cli_inventory,
     cli_lab,
@@ -30,6 +31,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.command()(cli_converge.plan)
+app.command()(cli_converge.apply)
 app.command()(cli_inventory.inventory)
 app.command()(cli_inventory.doctor)
 app.command()(cli_service.probe)

@@ -161,7 +161,9 @@ CT129_VENVS = (
 )
 
 CT200_VENVS = (
-    VenvRecipe("/root/venv", CU128_STACK),
+    # The lab's launch_server stand-in rides in every lab venv (its .pth acts only where the
+    # real sglang gets installed), so a clone of the training venv can serve once it does.
+    VenvRecipe("/root/venv", (*CU128_STACK, "standin:lab-server")),
     VenvRecipe(
         "/root/venv_sglang",
         CU128_STACK

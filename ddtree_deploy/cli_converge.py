@@ -1,0 +1,118 @@
+"""`ddtree-deploy plan HOST...` and `ddtree-deploy apply HOST...` (thin: parse, call, render)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ddtree_deploy.cli_common import config_of, hosts_or_all
+from ddtree_deploy.errors import ExitCode, UsageError
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+MARK = {True: "[green]=[/green]", False: "[yellow]+[/yellow]"}
+
+
+def _render(plan_: object) -> None:
+    from ddtree_deploy.converge.steps import Plan
+
+    assert isinstance(plan_, Plan)
+    current = None
+    for s in plan_.steps:
+        if (s.host, s.deployment) != current:
+            current = (s.host, s.deployment)
+            out.print(f"\n[bold]{s.host} / {s.deployment}[/bold]")
+        if s.kind == "service.probe":
+            out.print(f"  [cyan]?[/cyan] {s.kind:<16} {s.title}: {s.reason}", highlight=False)
+            continue
+        out.print(f"  {MARK[not s.pending]} {s.kind:<16} {s.title}: {s.reason}",
+                  highlight=False)
+        for change in s.changes:
+            out.print(f"      -> {change}", highlight=False)
+    n = len(plan_.changes)
+    out.print(f"\nPlan: {n} to change, {len(plan_.steps) - n} satisfied or checks."
+              if n else "\nNo changes: every deployment is as hosts.yaml says.")
+
+
+def plan(
+    ctx: typer.Context,
+    hosts: list[str] = typer.Argument(None, help="hosts (default: every host with deployments)"),
+    as_json: bool = typer.Option(False, "--json"),
+    out_file: Path = typer.Option(None, "--out", help="save the plan for `apply --plan FILE`"),
+    refresh: bool = typer.Option(False, "--refresh", help="gather facts even if fresh ones exist"),
+) -> None:
+    """What apply would do to reach the deployments of hosts.yaml (exit 4: changes pending)."""
+    from ddtree_deploy.converge.runner import make_plan
+
+    config = config_of(ctx)
+    names = hosts_or_all(config, hosts) if hosts else sorted(
+        {d.host for d in config.deployments.values()})
+    p = make_plan(config, names, refresh=refresh)
+    if out_file is not None:
+        out_file.write_text(json.dumps(p.as_json(), indent=1))
+    if as_json:
+        out.print_json(json.dumps(p.as_json()))
+    else:
+        _render(p)
+    if p.changes:
+        raise typer.Exit(int(ExitCode.CHANGES_PENDING))
+
+
+def apply(
+    ctx: typer.Context,
+    hosts: list[str] = typer.Argument(None, help="hosts (default: those of the plan or all)"),
+    plan_file: Path = typer.Option(None, "--plan", help="run exactly this saved plan"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, max=32),
+    deadline: float = typer.Option(180.0, "--probe-deadline", min=1),
+) -> None:
+    """Converge each host on its deployments: idempotent, resumable, one host's failure
+    does not stop the others."""
+    from ddtree_deploy.converge.runner import apply_host, make_plan
+    from ddtree_deploy.converge.steps import Plan
+    from ddtree_deploy.fanout import exit_code, fan_out
+
+    config = config_of(ctx)
+    saved: Plan | None = None
+    if plan_file is not None:
+        try:
+            saved = Plan.from_json(json.loads(plan_file.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{plan_file}: not a saved plan ({exc})") from None
+    names = hosts or (saved.hosts if saved else sorted({d.host for d in
+                                                        config.deployments.values()}))
+    if saved is None:
+        preview = make_plan(config, names, refresh=True)
+        _render(preview)
+        if not preview.changes:
+            out.print("apply: nothing to change; probing the services")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("apply changes hosts: confirm on a terminal, or pass --yes")
+        if not typer.confirm(f"Apply to {', '.join(names)}?", default=False):
+            raise typer.Exit(int(ExitCode.FAILED))
+
+    def one(host: str) -> object:
+        expected = saved.fingerprints.get(host) if saved else None
+        if saved is not None and expected is None:
+            raise UsageError(f"the saved plan has no steps for {host}")
+        return apply_host(config, host, expected_fingerprint=expected,
+                          report=lambda m: err.print(m, highlight=False),
+                          probe_deadline=deadline)
+
+    outcomes = fan_out(names, one, concurrency=concurrency)
+    for o in outcomes:
+        if o.ok:
+            run = o.value
+            done = len(getattr(run, "done", []))
+            out.print(f"[green]{o.host}: converged[/green] ({done} steps; "
+                      f"{getattr(run, 'verdict', '') or 'no service'})", highlight=False)
+        else:
+            out.print(f"[red]{o.host}: failed[/red]: {o.error}", highlight=False)
+    code = exit_code(outcomes)
+    if code:
+        raise typer.Exit(int(code))

@@ -1,0 +1,1 @@
+"""plan and apply: from hosts.yaml's deployments to healthy services, idempotently."""

@@ -1,0 +1,84 @@
+"""The host state plan/apply reads besides facts, in one round trip: the installed text of
+each deployment's unit, the units this tool created (with their deployment), and the
+restarts an earlier run left pending."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddtree_deploy.service.spec import MANAGED_KEY, UNIT_DIR
+from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.base import ExecTransport
+
+STATE_DIR = "/var/lib/ddtree-deploy"
+PENDING_DIR = f"{STATE_DIR}/pending-restart"
+
+SCRIPT = r"""
+unitdir="$1"; key="$2"; pending="$3"; shift 3
+for u in "$@"; do
+  echo "@unit $u"
+  if [ -f "$unitdir/$u" ]; then cat "$unitdir/$u"; echo; echo "@end"; else echo "@absent"; fi
+done
+echo "@managed"
+for f in "$unitdir"/*.service; do
+  [ -f "$f" ] || continue
+  grep -qx "$key=yes" "$f" || continue
+  dep=$(sed -n "s/^X-DDTreeDeploy-Deployment=//p" "$f" | head -n 1)
+  echo "$(basename "$f") $dep"
+done
+echo "@pending"
+[ -d "$pending" ] && ls -1 "$pending"
+echo "@done"
+"""
+
+
+@dataclass
+class HostState:
+    units: dict[str, str | None] = field(default_factory=dict)  # unit -> installed text
+    managed: dict[str, str] = field(default_factory=dict)  # unit -> deployment name ('' if none)
+    pending: set[str] = field(default_factory=set)  # units with a restart pending
+
+
+def parse(text: str) -> HostState:
+    state = HostState()
+    lines = text.split("\n")
+    i = 0
+    section = ""
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("@unit "):
+            unit = line[6:]
+            i += 1
+            if i < len(lines) and lines[i] == "@absent":
+                state.units[unit] = None
+            else:
+                body = []
+                while i < len(lines) and lines[i] != "@end":
+                    body.append(lines[i])
+                    i += 1
+                state.units[unit] = "\n".join(body)  # `echo` after cat: exact text back
+        elif line in ("@managed", "@pending", "@done"):
+            section = line
+        elif line and section == "@managed":
+            unit, _, dep = line.partition(" ")
+            state.managed[unit] = dep
+        elif line and section == "@pending":
+            state.pending.add(line)
+        i += 1
+    return state
+
+
+def read(t: ExecTransport, units: list[str]) -> HostState:
+    r = t.run(Command.shell(SCRIPT, UNIT_DIR, MANAGED_KEY, PENDING_DIR, *units, sudo=True),
+              timeout=60)
+    r.check()
+    return parse(r.stdout)
+
+
+def mark_pending(t: ExecTransport, unit: str) -> None:
+    t.run(Command.shell('mkdir -p "$1" && touch "$1/$2"', PENDING_DIR, unit, sudo=True),
+          timeout=30).check()
+
+
+def clear_pending(t: ExecTransport, unit: str) -> None:
+    t.run(Command.of("rm", "-f", f"{PENDING_DIR}/{unit}", sudo=True), timeout=30).check()

@@ -1,0 +1,122 @@
+"""uv on a host: the host's own, else the binary from the uv wheel, pushed once.
+
+The workstation downloads the manylinux x86_64 uv wheel (`pip download`), takes the
+static `uv` binary out of it (uv-*.data/scripts/uv) and pushes it to
+~/.ddtree-deploy/bin/uv on the host; later runs re-use it while `uv --version`
+still names the pinned version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from ddtree_deploy import paths
+from ddtree_deploy.errors import DeployError, RemoteCommandError
+from ddtree_deploy.transport import Command, ExecTransport
+
+UV_VERSION = "0.13.9"  # the uv the workstation uses; pushed to hosts that have none
+UV_PLATFORM = "manylinux_2_17_x86_64"
+_VERSION = re.compile(r"^uv (\d+\.\d+\.\d+\S*)")
+# A host's own uv: on PATH, or where its installers put it (not on a non-login PATH).
+_FIND = (
+    'p=$(command -v uv 2>/dev/null) && case "$p" in /*) printf "%s\\n" "$p"; exit 0;; esac; '
+    'for p in "$HOME/.local/bin/uv" "$HOME/.cargo/bin/uv"; do '
+    '[ -x "$p" ] && { printf "%s\\n" "$p"; exit 0; }; done; exit 1'
+)
+
+
+def remote_home(t: ExecTransport) -> str:
+    """$HOME of the connecting user on the host (absolute, no trailing slash)."""
+    home = t.run(Command.shell('printf "%s" "$HOME"')).check().stdout.strip()
+    if not home.startswith("/"):
+        raise RemoteCommandError(f"{t.host}: $HOME is not set to an absolute path ({home!r})")
+    return home.rstrip("/") or "/"
+
+
+def uv_version(t: ExecTransport, uv: str, *, sudo: bool) -> str | None:
+    """The version `uv --version` prints on the host, or None when it does not run."""
+    result = t.run(Command.of(uv, "--version", sudo=sudo), timeout=60)
+    m = _VERSION.match(result.stdout.strip()) if result.ok else None
+    return m.group(1) if m else None
+
+
+def uv_binary(version: str = UV_VERSION, *, cache: Path | None = None) -> Path:
+    """The uv binary of the manylinux x86_64 wheel, downloaded and extracted once."""
+    folder = (cache if cache is not None else paths.cache_dir()) / "uv"
+    binary = folder / version / "uv"
+    if binary.is_file():
+        return binary
+    folder.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(folder.glob(f"uv-{version}-*.whl"))
+    if not wheels:
+        argv = [sys.executable, "-m", "pip", "download", f"uv=={version}", "--only-binary=:all:",
+                "--platform", UV_PLATFORM, "--no-deps", "--dest", str(folder),
+                "--progress-bar", "off", "--disable-pip-version-check"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        except subprocess.TimeoutExpired:
+            raise DeployError(f"pip download uv=={version} took over 600s") from None
+        wheels = sorted(folder.glob(f"uv-{version}-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            tail = "\n".join("  | " + ln for ln in proc.stderr.strip().splitlines()[-8:])
+            raise DeployError(f"could not download the uv {version} wheel:\n{tail}",
+                              hint=f"put uv-{version}-py3-none-{UV_PLATFORM}*.whl into {folder}")
+    _extract(wheels[0], binary)
+    return binary
+
+
+def _extract(wheel: Path, binary: Path) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            member = next((n for n in zf.namelist()
+                           if re.fullmatch(r"uv-[^/]+\.data/scripts/uv", n)), None)
+            if member is None:
+                raise DeployError(f"{wheel.name} holds no uv-*.data/scripts/uv")
+            data = zf.read(member)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise DeployError(f"cannot read the uv wheel {wheel}: {exc}") from None
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_name(f".uv.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o755)
+    os.replace(tmp, binary)
+
+
+def ensure_uv(
+    t: ExecTransport,
+    *,
+    sudo: bool,
+    version: str = UV_VERSION,
+    cache: Path | None = None,
+) -> str:
+    """The path of a working uv on the host, pushing the pinned one when the host has none.
+
+    The host's own uv (found and run as the installing user: root when `sudo`) wins;
+    else ~/.ddtree-deploy/bin/uv when it reports `version`; else that file is
+    (re)written from the uv wheel on the workstation.
+    """
+    found = t.run(Command.shell(_FIND, sudo=sudo), timeout=60)
+    own = found.stdout.strip().splitlines()[0] if found.ok and found.stdout.strip() else ""
+    if own and uv_version(t, own, sudo=sudo):
+        return own
+    target = f"{remote_home(t)}/.ddtree-deploy/bin/uv"
+    if uv_version(t, target, sudo=sudo) == version:
+        return target
+    machine = t.run(Command.of("uname", "-m")).check().stdout.strip()
+    if machine != "x86_64":
+        raise DeployError(f"{t.host}: no uv there, and the shipped uv is for x86_64, not "
+                          f"{machine}", hint="install uv on the host (it is on PyPI as 'uv')")
+    binary = uv_binary(version, cache=cache)
+    t.run(Command.of("mkdir", "-p", "--", target.rsplit("/", 1)[0])).check()
+    with binary.open("rb") as src:
+        t.put_stream(src, target, mode=0o755)
+    got = uv_version(t, target, sudo=sudo)
+    if got != version:
+        raise RemoteCommandError(f"{t.host}: the pushed uv at {target} does not run "
+                                 f"(uv --version gave {got!r}, expected {version})")
+    return target

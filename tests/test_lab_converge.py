@@ -1,0 +1,109 @@
+"""plan and apply, end to end on a fresh lab: the story's deployment on ct200 from nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.config import Config, load_config
+from ddtree_deploy.connect import open_transport
+from ddtree_deploy.resources import embedded_hosts_file
+from ddtree_deploy.transport import Command
+
+pytestmark = pytest.mark.lab
+VENV = "/root/venv_sglang211"
+
+
+def cli(config: Config | Path, *args: str, timeout: float = 900
+        ) -> subprocess.CompletedProcess[str]:
+    path = config.path if isinstance(config, Config) else config
+    return subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(path), *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def sh(lab: Config, script: str, *args: str) -> str:
+    with open_transport(lab, "ct200") as t:
+        r = t.run(Command.shell(script, *args), timeout=120)
+    assert r.ok, r.stderr
+    return r.stdout
+
+
+def pending(plan_json: str) -> list[tuple[str, str]]:
+    return [(s["kind"], s["title"]) for s in json.loads(plan_json)["steps"]
+            if not s["satisfied"] and s["kind"] != "service.probe"]
+
+
+@pytest.fixture(scope="module")
+def fresh(lab_session: None) -> Config:
+    from ddtree_deploy.lab import manager
+
+    manager.up()  # a fresh lab: nothing of the deployment exists on ct200
+    return load_config(embedded_hosts_file())
+
+
+def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
+    lab = fresh
+    first = cli(lab, "plan", "ct200", "--json", "--refresh")
+    assert first.returncode == 4, first.stderr
+    kinds = [k for k, _ in pending(first.stdout)]
+    for kind in ("venv.create", "lane.overlay", "package.install", "payload.deploy",
+                 "unit.install", "service.start"):
+        assert kind in kinds, (kind, kinds)
+    titles = [t for _, t in pending(first.stdout)]
+    assert "sglang==0.5.11" in titles and "soundfile==0.13.1" in titles
+
+    applied = cli(lab, "apply", "ct200", "--yes")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "converged" in applied.stdout
+    unit = sh(lab, "cat /etc/systemd/system/sglang-ddtree.service")
+    for line in ("CUDA_VISIBLE_DEVICES=1", "--port 30001", "--speculative-algorithm DDTREE",
+                 "--speculative-ddtree-budget 15", "--speculative-ddtree-topk 8",
+                 "--attention-backend triton", "--grammar-backend none", "nvidia/cu13/lib"):
+        assert line in unit, line
+    assert sh(lab, "systemctl is-active qwen-wrapper").strip() == "active"
+    pid = sh(lab, "systemctl show -p MainPID --value sglang-ddtree").strip()
+    apps = sh(lab, "nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
+    assert pid in apps and len(apps) == 2
+
+    again = cli(lab, "plan", "ct200", "--json", "--refresh")
+    assert again.returncode == 0, pending(again.stdout)
+    saved = tmp_path / "plan.json"
+    assert cli(lab, "plan", "ct200", "--out", str(saved)).returncode == 0
+
+    sh(lab, f"{VENV}/bin/python -m pip uninstall -q -y soundfile")
+    one = cli(lab, "plan", "ct200", "--json", "--refresh")
+    assert one.returncode == 4
+    assert pending(one.stdout) == [("package.install", "soundfile==0.13.1")]
+    refused = cli(lab, "apply", "--plan", str(saved), "--yes")
+    assert refused.returncode == 1 and "facts changed" in refused.stdout + refused.stderr
+
+    # Kill apply at a random point, then re-run: it converges.
+    rng = random.Random(1129)
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy.cli", "--hosts",
+                             str(lab.path), "apply", "ct200", "--yes"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    time.sleep(rng.uniform(0.5, 3.0))
+    if proc.poll() is None:
+        import os
+
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = cli(lab, "apply", "ct200", "--yes")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert cli(lab, "plan", "ct200", "--refresh").returncode == 0
+
+    # A deployment removed from hosts.yaml: plan removes its unit (and only its unit).
+    text = Path(lab.path).read_text()
+    without = tmp_path / "hosts.yaml"
+    without.write_text(text.split("\ndeployments:")[0] + "\n")
+    removal = cli(without, "plan", "ct200", "--json")
+    assert removal.returncode == 4
+    assert pending(removal.stdout) == [("unit.remove", "sglang-ddtree.service")]
