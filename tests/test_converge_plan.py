@@ -1,0 +1,121 @@
+"""The planner and the host state parser (pure): steps, reasons, satisfied steps, removal."""
+
+from __future__ import annotations
+
+from ddtree_deploy import __version__
+from ddtree_deploy.config import load_config
+from ddtree_deploy.converge.hoststate import HostState, parse
+from ddtree_deploy.converge.planner import plan_host
+from ddtree_deploy.converge.steps import Plan, fingerprint
+from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.resources import embedded_hosts_file
+from ddtree_deploy.service.render import render_unit
+from ddtree_deploy.service.resolve import Overrides, build_spec
+
+V = "/root/venv_sglang211"
+SP = f"{V}/lib/python3.11/site-packages"
+CU130 = {"torch": "2.11.0", "sglang": "0.5.11", "soundfile": "0.13.1",
+         "flashinfer-python": "0.6.8.post1"}
+
+
+def facts(venv_exists: bool, dists: dict[str, str] | None = None, ddtree: bool = True,
+          active: bool = True) -> Facts:
+    venvs = [{"path": "/root/venv", "distributions": {"torch": "2.11.0+cu128"},
+              "torch": {"version": "2.11.0+cu128", "cuda": "12.8"}}]
+    if venv_exists:
+        venvs.append({"path": V, "distributions": dists if dists is not None else CU130,
+                      "torch": {"version": "2.11.0+cu130", "cuda": "13.0"},
+                      "sglang": {"version": "0.5.11", "knows_ddtree": ddtree,
+                                 "ddtree_is_dflash": ddtree},
+                      "nvidia": {"cu13": True, "lib_dirs": [f"{SP}/nvidia/cu13/lib"]}})
+    return Facts.model_validate({
+        "host": "ct200",
+        "nvidia": {"present": True, "gpus": [{"index": i, "processes": []} for i in range(8)]},
+        "venvs": venvs,
+        "services": {"units": [{"name": "sglang-ddtree.service", "active": "active"}]
+                     if active else []},
+    })
+
+
+def installed_unit(f: Facts) -> str:
+    config = load_config(embedded_hosts_file())
+    spec = build_spec(config.host("ct200"), f, config.deployment("sglang-ddtree"), Overrides())
+    return render_unit(spec, tool_version=__version__)
+
+
+def pending(steps: list) -> list[tuple[str, str]]:
+    return [(s.kind, s.title) for s in steps if s.pending]
+
+
+def test_from_nothing_every_step_of_the_story() -> None:
+    config = load_config(embedded_hosts_file())
+    steps = plan_host(config, config.host("ct200"), facts(False), HostState())
+    kinds = [k for k, _ in pending(steps)]
+    assert kinds[:2] == ["venv.create", "lane.overlay"]
+    assert ("package.install", "sglang==0.5.11") in pending(steps)
+    assert ("package.install", "soundfile==0.13.1") in pending(steps)
+    assert kinds[-3:] == ["payload.deploy", "unit.install", "service.start"]
+    create = steps[0]
+    assert create.params == {"venv": V, "clone": "/root/venv"} and "does not exist" in create.reason
+
+
+def test_converged_host_has_no_changes_and_says_why() -> None:
+    config = load_config(embedded_hosts_file())
+    f = facts(True)
+    state = HostState(units={"sglang-ddtree.service": installed_unit(f)})
+    steps = plan_host(config, config.host("ct200"), f, state)
+    assert pending(steps) == []
+    assert all(s.reason for s in steps)
+
+
+def test_a_removed_package_is_exactly_one_step() -> None:
+    config = load_config(embedded_hosts_file())
+    f = facts(True, {k: v for k, v in CU130.items() if k != "soundfile"})
+    state = HostState(units={"sglang-ddtree.service": installed_unit(f)})
+    steps = plan_host(config, config.host("ct200"), f, state)
+    assert pending(steps) == [("package.install", "soundfile==0.13.1")]
+
+
+def test_pending_restart_and_stopped_service() -> None:
+    config = load_config(embedded_hosts_file())
+    f = facts(True)
+    state = HostState(units={"sglang-ddtree.service": installed_unit(f)},
+                      pending={"sglang-ddtree.service"})
+    steps = plan_host(config, config.host("ct200"), f, state)
+    assert pending(steps) == [("service.start", "sglang-ddtree.service")]
+    assert "pending from an earlier run" in steps[-2].reason
+    stopped = facts(True, active=False)
+    steps = plan_host(config, config.host("ct200"), stopped,
+                      HostState(units={"sglang-ddtree.service": installed_unit(stopped)}))
+    assert pending(steps) == [("service.start", "sglang-ddtree.service")]
+
+
+def test_payload_missing_and_removed_deployment() -> None:
+    config = load_config(embedded_hosts_file())
+    f = facts(True, ddtree=False)
+    state = HostState(units={"sglang-ddtree.service": installed_unit(f)},
+                      managed={"old.service": "gone-deployment",
+                               "sglang-ddtree.service": "sglang-ddtree"})
+    steps = plan_host(config, config.host("ct200"), f, state)
+    assert pending(steps) == [("payload.deploy", "DDTree payload"),
+                              ("unit.install", "sglang-ddtree.service"),
+                              ("service.start", "sglang-ddtree.service"),
+                              ("unit.remove", "old.service")]
+
+
+def test_fingerprint_follows_what_the_plan_depends_on() -> None:
+    a = fingerprint(facts(True), [V], {"u": "x"})
+    assert a == fingerprint(facts(True), [V], {"u": "x"})
+    assert a != fingerprint(facts(True, {"torch": "2.11.0"}), [V], {"u": "x"})
+    assert a != fingerprint(facts(True), [V], {"u": "y"})
+    plan = Plan(["ct200"], [], {"ct200": a})
+    assert Plan.from_json(plan.as_json()).fingerprints == {"ct200": a}
+
+
+def test_host_state_parse_gives_exact_unit_text() -> None:
+    text = "[Unit]\nDescription=x\n"
+    out = f"@unit a.service\n{text}\n@end\n@unit b.service\n@absent\n@managed\n" \
+          "a.service dep-a\n@pending\nb.service\n@done\n"
+    state = parse(out)
+    assert state.units == {"a.service": text, "b.service": None}
+    assert state.managed == {"a.service": "dep-a"} and state.pending == {"b.service"}
