@@ -88,14 +88,22 @@ def _act(config: Config, host: HostSpec, step: Step, report: Report) -> None:
             run_overlay(config, load_lane(p["lane"]), host.name, p["venv"], cache=BlobCache())
         elif step.kind == "package.install":
             from ddtree_deploy import installer
+            from ddtree_deploy.converge.deps import closure, pinned
+            from ddtree_deploy.overlay.lane import load_lane
 
             facts = host_facts(config, host, refresh=True)
             venv = facts.venv(p["venv"])
-            req = installer.Requirement(p["requirement"], bool(p["deps"]))
-            wheels = installer.wheelhouse(
-                [req], python_version=(venv.python_version if venv else None) or "3.11",
-                glibc=facts.host_info.glibc)
-            installer.install(t, p["venv"], [req], wheels, sudo=host.use_sudo)
+            pyver = (venv.python_version if venv else None) or "3.11"
+            lane_ = load_lane(config.deployment(step.deployment).cuda_lane)
+            have = venv.distributions if venv else {}
+            if p["deps"]:
+                wheels = closure(p["requirement"], have,
+                                 lambda n: lane_.includes(n) or lane_.supersedes_name(n),
+                                 python_version=pyver, glibc=facts.host_info.glibc)
+            else:
+                wheels = installer.wheelhouse([installer.Requirement(p["requirement"], False)],
+                                              python_version=pyver, glibc=facts.host_info.glibc)
+            installer.install(t, p["venv"], pinned(wheels), wheels, sudo=host.use_sudo)
         elif step.kind == "payload.deploy":
             from ddtree_deploy.payload.deploy import deploy
             from ddtree_deploy.payload.manifest import load_manifest
