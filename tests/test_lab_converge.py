@@ -100,6 +100,16 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert cli(lab, "plan", "ct200", "--refresh").returncode == 0
 
+    # Without a terminal and without --yes, apply refuses; a second apply is refused by the lock.
+    no_tty = cli(lab, "apply", "ct200")
+    assert no_tty.returncode == 2 and "--yes" in no_tty.stderr
+    from ddtree_deploy.converge.lock import HostLock
+
+    with HostLock(lab, lab.host("ct200")) as held:
+        busy = cli(lab, "apply", "ct200", "--yes")
+    assert busy.returncode == 1
+    assert "another apply holds ct200" in busy.stdout and held.holder in busy.stdout
+
     # A deployment removed from hosts.yaml: plan removes its unit (and only its unit).
     text = Path(lab.path).read_text()
     without = tmp_path / "hosts.yaml"
