@@ -222,7 +222,7 @@ def test_embedded_lab_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
         "ct200", "venv_sglang211", "cu130", 1, 30001,
     )  # fmt: skip
     assert dep.sglang.version == "0.5.11"
-    assert dep.sglang.extra_packages == ["soundfile==0.13.1", "flashinfer-python>=0.6.8.post1"]
+    assert dep.sglang.extra_packages == ["soundfile==0.13.1", "flashinfer-python==0.6.8.post1"]
     assert dep.model_path == ct200.models["default"]  # not given: the host's models.default
     assert dep.raw("model_path") == ct200.raw("models.default") == str(dep.model_path)
     assert dep.ddtree is not None and (dep.ddtree.budget, dep.ddtree.topk) == (15, 8)

@@ -68,6 +68,16 @@ def parse(text: str) -> HostState:
     return state
 
 
+def from_facts(tool_units: dict[str, str], pending: list[str], units: list[str]) -> HostState:
+    """The same state from the facts probe (no extra round trip: plan on cached facts)."""
+    state = HostState(units={u: tool_units.get(u) for u in units}, pending=set(pending))
+    for unit, text in tool_units.items():
+        dep = next((ln.split("=", 1)[1] for ln in text.splitlines()
+                    if ln.startswith("X-DDTreeDeploy-Deployment=")), "")
+        state.managed[unit] = dep
+    return state
+
+
 def read(t: ExecTransport, units: list[str]) -> HostState:
     r = t.run(Command.shell(SCRIPT, UNIT_DIR, MANAGED_KEY, PENDING_DIR, *units, sudo=True),
               timeout=60)

@@ -48,8 +48,11 @@ def host_facts(config: Config, host: HostSpec, *, refresh: bool) -> Facts:
 def plan_for(config: Config, host: HostSpec, *, refresh: bool) -> tuple[list[Step], str]:
     facts = host_facts(config, host, refresh=refresh)
     units = [d.unit_name for d in config.deployments_on(host)]
-    with open_transport(config, host) as t:
-        state = hoststate.read(t, units)
+    if facts.tool.error is None:
+        state = hoststate.from_facts(facts.tool.managed_units, facts.tool.pending_restarts, units)
+    else:  # the probe could not read the unit folder: ask the host directly
+        with open_transport(config, host) as t:
+            state = hoststate.read(t, units)
     venvs = [str(host.venvs[d.venv].path) for d in config.deployments_on(host)]
     return plan_host(config, host, facts, state), fingerprint(facts, venvs, state.units)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Part(BaseModel):
@@ -154,6 +154,13 @@ class Services(Part):
     listeners: list[Listener] = Field(default_factory=list)
 
 
+class ToolState(Part):
+    """What this tool left on the host: its units (exact text) and pending restarts."""
+
+    managed_units: dict[str, str] = Field(default_factory=dict)
+    pending_restarts: list[str] = Field(default_factory=list)
+
+
 class ModelDir(BaseModel):
     """A model folder on the host: its config.json as read (never the weights)."""
 
@@ -174,6 +181,7 @@ class Facts(BaseModel):
     venvs: list[Venv] = Field(default_factory=list)
     services: Services = Field(default_factory=Services)
     models: list[ModelDir] = Field(default_factory=list)
+    tool: ToolState = Field(default_factory=ToolState)
 
     def model(self, path: str) -> ModelDir | None:
         want = path.rstrip("/")

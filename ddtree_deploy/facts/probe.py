@@ -36,7 +36,7 @@ from ddtree_deploy.facts.probe_venv import (
     venv_python_version,
 )
 
-PROBE_SCHEMA_VERSION = 1
+PROBE_SCHEMA_VERSION = 2
 DISCOVER_ROOTS = ("/root", "/opt", "/home/*", "/srv")
 
 
@@ -151,6 +151,36 @@ def model_dir(path: str) -> dict[str, Any]:
     return entry
 
 
+UNIT_DIR = "/etc/systemd/system"
+MANAGED_LINE = "X-DDTreeDeploy-Managed=yes"
+PENDING_DIR = "/var/lib/ddtree-deploy/pending-restart"
+
+
+def tool_state() -> dict[str, Any]:
+    """Units this tool created (their exact text) and restarts an earlier run left pending."""
+    units: dict[str, str] = {}
+    try:
+        names = sorted(os.listdir(UNIT_DIR))
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(UNIT_DIR, name)
+        if not name.endswith(".service") or not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read(1 << 20)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if MANAGED_LINE in text.splitlines():
+            units[name] = text
+    try:
+        pending = sorted(os.listdir(PENDING_DIR))
+    except OSError:
+        pending = []
+    return {"managed_units": units, "pending_restarts": pending, "error": None}
+
+
 def gather(
     venvs: list[str], discover: bool, host_name: str | None, models: list[str] | None = None
 ) -> dict[str, Any]:
@@ -175,6 +205,7 @@ def gather(
         facts["services"]["error"] = "; ".join(e for e in (prior, tcp["error"]) if e)
     facts["venvs"] = [_venv_part(v, d) for v, d in all_venvs]
     facts["models"] = [model_dir(m) for m in dict.fromkeys(models or [])]
+    facts["tool"] = guarded({"managed_units": {}, "pending_restarts": []}, tool_state)
     facts["duration_s"] = elapsed(start)
     return facts
 
