@@ -366,8 +366,10 @@ def test_pin_drift_respects_the_deployment_extra_packages(dep: Deployment) -> No
     assert only(alone, "venv.pin-drift").evidence["drift"] == {
         "flashinfer-python": {"pinned": "0.6.8.post1", "installed": "0.6.9"}
     }
-    # the deployment asks for flashinfer-python>=0.6.8.post1: 0.6.9 is wanted, not drift
-    assert "venv.pin-drift" not in ids(diagnose(ct200(v), venv=v.path, deployment=dep,
+    # a deployment asking for flashinfer-python>=0.6.8.post1 wants 0.6.9: not drift
+    wants_newer = dep.model_copy(update={"sglang": dep.sglang.model_copy(update={
+        "extra_packages": ["soundfile==0.13.1", "flashinfer-python>=0.6.8.post1"]})})
+    assert "venv.pin-drift" not in ids(diagnose(ct200(v), venv=v.path, deployment=wants_newer,
                                                 model_facts=None))  # fmt: skip
 
 
