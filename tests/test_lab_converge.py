@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,11 +42,12 @@ def pending(plan_json: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def fresh(lab_session: None) -> Config:
+def fresh(lab_session: None) -> Iterator[Config]:
     from ddtree_deploy.lab import manager
 
     manager.up()  # a fresh lab: nothing of the deployment exists on ct200
-    return load_config(embedded_hosts_file())
+    yield load_config(embedded_hosts_file())
+    manager.up()  # and a fresh one again for the tests after these (GPU1 was taken here)
 
 
 def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
