@@ -27,7 +27,6 @@ from ddtree_deploy.facts.gather import collect
 from ddtree_deploy.facts.model import Facts
 
 Report = Callable[[str], None]
-MAX_STEPS = 40
 
 
 @dataclass
@@ -35,6 +34,8 @@ class HostRun:
     host: str
     done: list[Step] = field(default_factory=list)
     verdict: str | None = None
+    timings: list[tuple[str, float]] = field(default_factory=list)  # (step kind, seconds)
+    total_s: float = 0.0
 
 
 def host_facts(config: Config, host: HostSpec, *, refresh: bool) -> Facts:
@@ -94,7 +95,7 @@ def _act(config: Config, host: HostSpec, step: Step, report: Report) -> None:
             from ddtree_deploy.converge.deps import closure, pinned
             from ddtree_deploy.overlay.lane import load_lane
 
-            facts = host_facts(config, host, refresh=True)
+            facts = host_facts(config, host, refresh=False)  # python, glibc: unchanged
             venv = facts.venv(p["venv"])
             pyver = (venv.python_version if venv else None) or "3.11"
             lane_ = load_lane(config.deployment(step.deployment).cuda_lane)
@@ -133,7 +134,8 @@ def _act(config: Config, host: HostSpec, step: Step, report: Report) -> None:
 
             install.down(t, p["unit"], remove=True)
             hoststate.clear_pending(t, p["unit"])
-    FactsCache().drop(host)
+    if step.kind != "package.install":  # the next round re-gathers anyway
+        FactsCache().drop(host)
 
 
 def _probe(config: Config, host: HostSpec, unit: str, deadline: float) -> str:
@@ -155,38 +157,52 @@ def _probe(config: Config, host: HostSpec, unit: str, deadline: float) -> str:
     return verdict.reason
 
 
+MAX_ROUNDS = 6
+
+
 def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = None,
                report: Report = lambda _m: None, probe_deadline: float = 120.0) -> HostRun:
+    """Rounds of: plan on fresh facts, run every pending step in order (the planner already
+    planned later steps on what earlier ones produce), until a round's plan is empty; a
+    step still pending in the round after it ran fails the run. Then the probe."""
     host = config.host(name)
     run = HostRun(name)
     from ddtree_deploy.converge.lock import HostLock
 
+    t0 = time.monotonic()
     with HostLock(config, host):
         steps, print_ = plan_for(config, host, refresh=True)
         if expected_fingerprint is not None and print_ != expected_fingerprint:
             raise RefusedError(f"{name}: the facts changed since the plan was made; "
                                "make a new plan (ddtree-deploy plan)")
-        last: tuple[str, str, str] | None = None
-        for _ in range(MAX_STEPS):
+        ran: set[tuple[str, str, str]] = set()
+        for _ in range(MAX_ROUNDS):
             pending = [s for s in steps if s.pending]
             if not pending:
                 break
-            step = pending[0]
-            key = (step.kind, step.deployment, step.title)
-            if key == last:
-                raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not take "
-                                  f"effect ({step.reason})")
-            report(f"{name}: {step.kind}: {step.title} — {'; '.join(step.changes)}")
-            try:
-                _act(config, host, step, report)
-            except DeployError as exc:
-                raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
-                                  f"{exc.message}", hint=exc.hint) from exc
-            run.done.append(step)
-            last = key
+            for step in pending:
+                key = (step.kind, step.deployment, step.title)
+                if key in ran:
+                    raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not take "
+                                      f"effect ({step.reason})")
+                report(f"{name}: {step.kind}: {step.title} — {'; '.join(step.changes)}")
+                started = time.monotonic()
+                try:
+                    _act(config, host, step, report)
+                except DeployError as exc:
+                    raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
+                                      f"{exc.message}", hint=exc.hint) from exc
+                run.timings.append((step.kind, time.monotonic() - started))
+                run.done.append(step)
+                ran.add(key)
             steps, _ = plan_for(config, host, refresh=True)
+        else:
+            raise DeployError(f"{name}: did not converge in {MAX_ROUNDS} rounds")
         for step in steps:
             if step.kind == "service.probe":
                 report(f"{name}: probing {step.params['unit']}")
+                started = time.monotonic()
                 run.verdict = _probe(config, host, step.params["unit"], probe_deadline)
+                run.timings.append(("service.probe", time.monotonic() - started))
+    run.total_s = time.monotonic() - t0
     return run
