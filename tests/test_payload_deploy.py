@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.errors import RefusedError
+from ddtree_deploy.errors import ConfigError, RefusedError
 from ddtree_deploy.lab.manager import lab_cache_dir
 from ddtree_deploy.lab.wheelhouse import download_real
 from ddtree_deploy.payload import deploy as ops
@@ -116,3 +116,27 @@ def test_a_changed_upstream_file_is_refused_naming_it(tmp_path: Path,
     text = str(info.value)
     assert target in text and manifest.sglang["0.5.11"].patches[0].sha256 in text
     assert "0.5.11" in text
+
+
+def test_a_users_own_payload_folder_with_the_same_manifest_format(
+        tmp_path: Path, wheels: dict[str, Path]) -> None:
+    import shutil
+
+    own = tmp_path / "my-payload"
+    shutil.copytree(data_path("payload"), own)
+    text = (own / "payload.yaml").read_text()
+    (own / "payload.yaml").write_text(text.replace('version: "0.1.0"', 'version: "9.9.9-mine"', 1))
+    venv = scratch_venv(tmp_path, wheels["sglang==0.5.11"])
+    manifest, folder = load_manifest(own)
+    assert manifest.version == "9.9.9-mine" and folder == own
+    with LocalTransport() as t:
+        out = ops.deploy(t, str(venv), manifest, folder)
+        assert out.payload == "9.9.9-mine"
+        assert ops.status(t, [str(venv)])[str(venv)]["version"] == "9.9.9-mine"
+        ops.rollback(t, str(venv))
+    broken = tmp_path / "broken"
+    shutil.copytree(own, broken)
+    (broken / "payload.yaml").write_text("payload: ddtree\nversion: 1\nsglang: []\n")
+    with pytest.raises(ConfigError) as info:
+        load_manifest(broken)
+    assert "payload.yaml:3: sglang" in str(info.value)
