@@ -9,22 +9,22 @@ its wheel), and any other name gets an empty link-time stub carrying that SONAME
 Output is stripped and built from relative paths, so the same inputs give the
 same bytes.
 
-``read_dynamic`` is a minimal ELF64 reader for the dynamic section (no readelf
-needed): NEEDED, SONAME, RPATH, RUNPATH.
+``read_dynamic`` reads them back with the facts probe's ELF reader (one reader for
+the whole tool), in the shape the lab's tests use.
 """
 
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 import sysconfig
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_deploy.errors import LabError
+from ddtree_deploy.facts.probe_elf import ElfError, elf_dynamic
 
 CSRC = Path(__file__).resolve().parent / "standin" / "csrc"
 
@@ -42,10 +42,6 @@ SYSTEM_SONAMES = frozenset(
     }
 )
 
-_DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 14, 15, 29
-_PT_LOAD, _PT_DYNAMIC = 1, 2
-
-
 @dataclass(frozen=True)
 class ElfDynamic:
     needed: tuple[str, ...]
@@ -55,55 +51,15 @@ class ElfDynamic:
 
 
 def read_dynamic(path: Path) -> ElfDynamic:
-    """Read NEEDED/SONAME/RPATH/RUNPATH of an x86-64 ELF file; LabError if it is not one."""
+    """NEEDED/SONAME/RPATH/RUNPATH of an x86-64 ELF file (the facts probe's reader);
+    LabError if it is not one."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LabError(f"cannot read {path}: {exc.strerror}") from exc
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise LabError(f"{path} is not a 64-bit little-endian ELF file")
-    phoff = struct.unpack_from("<Q", data, 0x20)[0]
-    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
-    loads: list[tuple[int, int, int]] = []  # (vaddr, offset, filesz)
-    dynamic: tuple[int, int] | None = None
-    for i in range(phnum):
-        base = phoff + i * phentsize
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-            "<IIQQQQ", data, base
-        )
-        if p_type == _PT_LOAD:
-            loads.append((p_vaddr, p_offset, p_filesz))
-        elif p_type == _PT_DYNAMIC:
-            dynamic = (p_offset, p_filesz)
-    if dynamic is None:
-        return ElfDynamic((), None, None, None)
-    entries: list[tuple[int, int]] = []
-    for pos in range(dynamic[0], dynamic[0] + dynamic[1], 16):
-        tag, value = struct.unpack_from("<qQ", data, pos)
-        if tag == _DT_NULL:
-            break
-        entries.append((tag, value))
-    strtab_vaddr = next((v for t, v in entries if t == _DT_STRTAB), None)
-    if strtab_vaddr is None:
-        raise LabError(f"{path}: dynamic section without a string table")
-    strtab = _file_offset(loads, strtab_vaddr, path)
-
-    def text(offset: int) -> str:
-        start = strtab + offset
-        return data[start : data.index(b"\0", start)].decode()
-
-    def first(tag: int) -> str | None:
-        return next((text(v) for t, v in entries if t == tag), None)
-
-    needed = tuple(text(v) for t, v in entries if t == _DT_NEEDED)
-    return ElfDynamic(needed, first(_DT_SONAME), first(_DT_RPATH), first(_DT_RUNPATH))
-
-
-def _file_offset(loads: Iterable[tuple[int, int, int]], vaddr: int, path: Path) -> int:
-    for seg_vaddr, seg_offset, seg_size in loads:
-        if seg_vaddr <= vaddr < seg_vaddr + seg_size:
-            return seg_offset + (vaddr - seg_vaddr)
-    raise LabError(f"{path}: address {vaddr:#x} is outside every loaded segment")
+        dyn = elf_dynamic(str(path))
+    except ElfError as exc:
+        raise LabError(f"{path} is not a 64-bit little-endian ELF file we can read: {exc}"
+                       ) from exc
+    return ElfDynamic(tuple(dyn["needed"]), dyn["soname"],
+                      ":".join(dyn["rpath"]) or None, ":".join(dyn["runpath"]) or None)
 
 
 def python_include_dir() -> Path:
