@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_deploy import installer
 from ddtree_deploy.errors import ConfigError, RefusedError
 from ddtree_deploy.lab.manager import lab_cache_dir
 from ddtree_deploy.lab.wheelhouse import download_real
@@ -91,14 +92,10 @@ def test_sglang_0510_without_dflash_is_refused(tmp_path: Path, wheels: dict[str,
 
 
 def test_sglang_0523_is_refused(tmp_path: Path) -> None:
-    folder = lab_cache_dir() / "wheels" / "extra"
-    folder.mkdir(parents=True, exist_ok=True)
-    if not list(folder.glob("sglang-0.5.23-*.whl")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--only-binary=:all:", "--python-version", "3.11", "--platform",
-                        "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64",
-                        "--platform", "any", "-d", str(folder), "sglang==0.5.23"], check=True)
-    venv = scratch_venv(tmp_path, next(folder.glob("sglang-0.5.23-*.whl")))
+    (wheel,) = installer.wheelhouse([installer.Requirement("sglang==0.5.23", deps=False)],
+                                    python_version="3.11", glibc="2.36",
+                                    cache=lab_cache_dir() / "wheels" / "extra")
+    venv = scratch_venv(tmp_path, wheel)
     manifest, payload = load_manifest(data_path("payload"))
     with LocalTransport() as t, pytest.raises(RefusedError, match="does not support sglang 0.5.23"):
         ops.deploy(t, str(venv), manifest, payload)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import paths
+from ddtree_deploy import installer, paths
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +33,8 @@ def mixed_venv() -> Path:
     venv = root / "venv-torch291-cu128-sglang-kernel042"
     if (venv / ".complete").exists():
         return venv
-    root.mkdir(parents=True, exist_ok=True)
-    _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-         "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-         "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-         "-d", str(root), *WHEELS)
-    wheels = [next(root.glob("torch-2.9.1-*.whl")), next(root.glob("sglang_kernel-0.4.2-*.whl"))]
+    wheels = installer.wheelhouse([installer.Requirement(w, deps=False) for w in WHEELS],
+                                  python_version="3.11", glibc="2.28", cache=root)
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

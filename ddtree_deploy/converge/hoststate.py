@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddtree_deploy.service.render import DEPLOYMENT_KEY
 from ddtree_deploy.service.spec import MANAGED_KEY, UNIT_DIR
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
@@ -73,7 +74,7 @@ def from_facts(tool_units: dict[str, str], pending: list[str], units: list[str])
     state = HostState(units={u: tool_units.get(u) for u in units}, pending=set(pending))
     for unit, text in tool_units.items():
         dep = next((ln.split("=", 1)[1] for ln in text.splitlines()
-                    if ln.startswith("X-DDTreeDeploy-Deployment=")), "")
+                    if ln.startswith(f"{DEPLOYMENT_KEY}=")), "")
         state.managed[unit] = dep
     return state
 

@@ -8,48 +8,28 @@ their venvs are built.
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
-
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
 
 from ddtree_deploy.errors import LabError
 from ddtree_deploy.lab import standin_dist, standin_wheels
-from ddtree_deploy.lab.sysrun import sh
 from ddtree_deploy.lab.topology import REAL_WHEELS
 
-PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64")
-
-
-def _find(folder: Path, requirement: str) -> Path | None:
-    name, _, version = requirement.partition("==")
-    want_name, want_version = canonicalize_name(name), Version(version)
-    for wheel in folder.glob("*.whl"):
-        wname, wversion, _, _ = parse_wheel_filename(wheel.name)
-        if wname == want_name and wversion == want_version:
-            return wheel
-    return None
+LAB_PYTHON, LAB_GLIBC = "3.11.2", "2.36"  # Debian 12, the lab hosts' system
 
 
 def download_real(folder: Path) -> dict[str, Path]:
-    """Each requirement of REAL_WHEELS -> its wheel file, downloading what is missing."""
-    folder.mkdir(parents=True, exist_ok=True)
-    missing = [r for r in REAL_WHEELS if _find(folder, r) is None]
-    for req in missing:
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-                "--dest", str(folder)]
-        for plat in PLATFORMS:
-            argv += ["--platform", plat]
-        argv += ["--platform", "any", req]
-        sh(argv, timeout=600)
-    found = {r: _find(folder, r) for r in REAL_WHEELS}
-    absent = [r for r, p in found.items() if p is None]
-    if absent:
-        raise LabError(f"the registry gave no wheel for: {', '.join(absent)}")
-    return {r: p for r, p in found.items() if p is not None}
+    """Each requirement of REAL_WHEELS -> its wheel file, downloaded once (the installer's
+    wheelhouse, for the lab hosts' Python and glibc)."""
+    from ddtree_deploy.installer import Requirement, wheelhouse
+
+    found = {}
+    for req in REAL_WHEELS:
+        wheels = wheelhouse([Requirement(req, deps=False)], python_version=LAB_PYTHON,
+                            glibc=LAB_GLIBC, cache=folder)
+        if len(wheels) != 1:
+            raise LabError(f"the registry gave {len(wheels)} wheels for {req}")
+        found[req] = wheels[0]
+    return found
 
 
 def build_standins(folder: Path, real: dict[str, Path]) -> dict[str, Path]:
