@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from sshd_fixture import Sshd, sshd_available
 
 from ddtree_deploy.config import Config, load_config
 from ddtree_deploy.resources import embedded_hosts_file
@@ -47,3 +48,15 @@ def lab(lab_session: None) -> Config:
     if not rows or not all(r.running and r.ssh for r in rows):
         manager.up()
     return load_config(embedded_hosts_file())
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A real OpenSSH sshd on loopback for one test module, stopped by its PID after it."""
+    reason = sshd_available()
+    if reason:
+        pytest.skip(reason)
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()

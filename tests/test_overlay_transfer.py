@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from sshd_fixture import Sshd, sshd_available
+from sshd_fixture import Sshd
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.overlay import transfer
@@ -274,17 +274,6 @@ def test_memory_stays_bounded(venv, cache, tmp_path: Path, monkeypatch) -> None:
 
 
 # -- over a real sshd ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    reason = sshd_available()
-    if reason:
-        pytest.skip(reason)
-    server = Sshd(tmp_path_factory.mktemp("sshd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd_fixture import Sshd, sshd_available
+from sshd_fixture import Sshd
 
 from ddtree_deploy.errors import RemoteCommandError
 from ddtree_deploy.transport import Command, LocalTransport, Result, SshTransport
@@ -114,17 +114,6 @@ def test_result_check_masks_secrets_in_stderr() -> None:
 
 
 # -- execution over both transports ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    reason = sshd_available()
-    if reason:
-        pytest.skip(reason)
-    server = Sshd(tmp_path_factory.mktemp("sshd-quoting"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["local", "ssh"])

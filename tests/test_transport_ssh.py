@@ -14,11 +14,10 @@ import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd_fixture import Sshd, free_port, keygen, openssh_fingerprint, sshd_available
+from sshd_fixture import Sshd, free_port, keygen, openssh_fingerprint
 
 from ddtree_deploy.errors import (
     AuthError,
@@ -39,17 +38,6 @@ from ddtree_deploy.transport import (
 from ddtree_deploy.transport.ssh import Uploader
 
 pytestmark = pytest.mark.sshd
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    reason = sshd_available()
-    if reason:
-        pytest.skip(reason)
-    server = Sshd(tmp_path_factory.mktemp("sshd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
