@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from ddtree_deploy.config import Config, find_hosts_file, load_config
 
@@ -28,3 +30,14 @@ def hosts_or_all(config: Config, names: list[str] | None) -> list[str]:
             config.host(name)
         return names
     return list(config.hosts)
+
+
+def print_json(console: Console, data: object) -> None:
+    """JSON for machines: plain text when stdout is a pipe or a file (fast, nothing to strip),
+    highlighted by rich on a terminal. `data` is a JSON-able value or a JSON text."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    if console.is_terminal:
+        console.print_json(text)
+    else:
+        console.file.write(json.dumps(json.loads(text), indent=2) + "\n")
+        console.file.flush()

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ddtree_deploy.cli_common import config_of, hosts_or_all
+from ddtree_deploy.cli_common import config_of, hosts_or_all, print_json
 from ddtree_deploy.errors import ExitCode, UsageError
 
 out = Console(soft_wrap=True)
@@ -55,7 +55,7 @@ def plan(
     if out_file is not None:
         out_file.write_text(json.dumps(p.as_json(), indent=1))
     if as_json:
-        out.print_json(json.dumps(p.as_json()))
+        print_json(out, p.as_json())
     else:
         _render(p)
     if p.changes:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.console import Console
 
-from ddtree_deploy.cli_common import config_of, hosts_or_all
+from ddtree_deploy.cli_common import config_of, hosts_or_all, print_json
 from ddtree_deploy.errors import ExitCode, UsageError
 from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.gather import collect
@@ -44,7 +42,7 @@ def inventory(
             else {"host": o.host, "error": str(o.error)}
             for o in outcomes
         ]
-        out.print_json(json.dumps(payload))
+        print_json(out, payload)
     else:
         out.print(gpu_table(outcomes))
         out.print(venv_table(outcomes))
@@ -95,11 +93,11 @@ def doctor(
         )
     findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=model_facts)
     if as_json:
-        out.print_json(json.dumps({
+        print_json(out, {
             "host": spec.name,
             "venv": venv,
             "findings": [f.to_json() for f in findings],
-        }))
+        })
     else:
         out.print(findings_table(spec.name, venv, findings))
     if any(f.severity == "error" for f in findings):

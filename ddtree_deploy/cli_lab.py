@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ddtree_deploy.cli_common import print_json
 from ddtree_deploy.errors import ExitCode
 
 app = typer.Typer(help="The local lab: systemd-nspawn hosts ct129 and ct200 (a rehearsal).",
@@ -56,7 +56,7 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
 
     rows = manager.status()
     if as_json:
-        out.print_json(json.dumps([asdict(r) for r in rows]))
+        print_json(out, [asdict(r) for r in rows])
     else:
         table = Table(title="lab status")
         for col in ("host", "address", "container", "ssh"):

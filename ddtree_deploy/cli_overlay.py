@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from ddtree_deploy.cli_common import config_of
+from ddtree_deploy.cli_common import config_of, print_json
 from ddtree_deploy.config import Config
 from ddtree_deploy.errors import UsageError
 
@@ -64,7 +64,7 @@ def overlay(
     if dry_run:
         plan, _ = make_plan(config, lane, host, target_venv, cache)
         if as_json:
-            out.print_json(plan.model_dump_json())
+            print_json(out, plan.model_dump_json())
         else:
             render_plan(plan, out)
         return
@@ -80,7 +80,7 @@ def overlay(
         "checks": result.outcome.checks if result.outcome else [],
     }
     if as_json:
-        out.print_json(json.dumps(summary))
+        print_json(out, summary)
     else:
         out.print(f"{host}:{target_venv}: lane {lane.lane} {result.result} "
                   f"(fetched {summary['bytes_fetched']} B, pushed {summary['bytes_pushed']} B)",
@@ -121,7 +121,7 @@ def history(ctx: typer.Context, host: str = typer.Argument(...),
         for v in venvs:
             rows[v] = remote_apply.history(t, v, sudo=spec.use_sudo)
     if as_json:
-        out.print_json(json.dumps(rows))
+        print_json(out, rows)
         return
     for v, entries in rows.items():
         out.print(f"{host}:{v}: {len(entries)} entries", highlight=False)

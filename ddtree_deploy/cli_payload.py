@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ddtree_deploy.cli_common import config_of
+from ddtree_deploy.cli_common import config_of, print_json
 
 app = typer.Typer(help="The DDTree runtime as a payload on a venv's SGLang.", no_args_is_help=True)
 out = Console(soft_wrap=True)
@@ -30,7 +29,7 @@ def _manifest(folder: Path | None):
 
 def _render(outcome, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps(asdict(outcome)))
+        print_json(out, asdict(outcome))
         return
     out.print(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, payload "
               f"{outcome.payload or '-'})", highlight=False)
@@ -119,7 +118,7 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, spec) as t:
         states = ops.status(t, venvs)
     if as_json:
-        out.print_json(json.dumps(states))
+        print_json(out, states)
         return
     table = Table(title=f"payloads on {host}")
     for col in ("venv", "payload", "sglang", "deployed"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
@@ -10,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ddtree_deploy import __version__
-from ddtree_deploy.cli_common import config_of
+from ddtree_deploy.cli_common import config_of, print_json
 from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.errors import UsageError
 
@@ -135,7 +134,7 @@ def _probe_and_exit(t: Any, unit: str, port: int, deadline: float, *, as_json: b
                                 deadline_s=deadline,
                                 on_status=lambda s: status.update(f"{unit}: {s}"))
     if as_json:
-        out.print_json(json.dumps(verdict.to_json()))
+        print_json(out, verdict.to_json())
     else:
         _render_verdict(unit, verdict)
     if verdict.exit_code:
@@ -193,7 +192,7 @@ def list_(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, config.host(host)) as t:
         states = install.list_units(t)
     if as_json:
-        out.print_json(json.dumps([s.__dict__ for s in states]))
+        print_json(out, [s.__dict__ for s in states])
         return
     table = Table(title=f"ddtree-deploy services on {host}")
     for col in ("unit", "deployment", "active", "sub", "main pid", "restarts", "exit status"):
@@ -222,7 +221,7 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
             out.print(f"{unit}: no such ddtree-deploy service on {host}")
             raise typer.Exit(1)
     if as_json:
-        out.print_json(json.dumps([s.__dict__ for s in states]))
+        print_json(out, [s.__dict__ for s in states])
     else:
         for s in states:
             out.print(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} restarts {s.restarts}")
@@ -265,7 +264,7 @@ def probe(
     unit = _unit_of(config, service)
     with open_transport(config, spec_host) as t:
         if port is None:
-            from ddtree_deploy.service.render import PORT_KEY
+            from ddtree_deploy.service.spec import PORT_KEY
 
             text = install.current_text(t, unit) or ""
             found = [ln.split("=", 1)[1] for ln in text.splitlines()

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddtree_deploy.service.render import DEPLOYMENT_KEY
-from ddtree_deploy.service.spec import MANAGED_KEY, UNIT_DIR
+from ddtree_deploy.service.spec import DEPLOYMENT_KEY, MANAGED_KEY, UNIT_DIR
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 

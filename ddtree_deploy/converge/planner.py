@@ -102,7 +102,6 @@ def plan_deployment(config: Config, host: HostSpec, d: Deployment, facts: Facts,
 
 def _service_steps(config: Config, host: HostSpec, d: Deployment, facts: Facts,
                    state: HostState, changed: bool) -> list[Step]:
-    from ddtree_deploy.service.render import render_unit
     from ddtree_deploy.service.resolve import Overrides, build_spec
 
     unit = d.unit_name
@@ -115,6 +114,8 @@ def _service_steps(config: Config, host: HostSpec, d: Deployment, facts: Facts,
                           "library folders)", [f"install {spec.unit_path}"],
                           params={"unit": unit}))
     else:
+        from ddtree_deploy.service.render import render_unit  # jinja2: only when compared
+
         text = render_unit(spec, tool_version=__version__)
         same = installed == text
         steps.append(Step("unit.install", host.name, d.name, unit,

@@ -141,7 +141,7 @@ def _act(config: Config, host: HostSpec, step: Step, report: Report) -> None:
 def _probe(config: Config, host: HostSpec, unit: str, deadline: float) -> str:
     from ddtree_deploy.health.probe import ProbeTarget, probe_service
     from ddtree_deploy.service import install
-    from ddtree_deploy.service.render import PORT_KEY
+    from ddtree_deploy.service.spec import PORT_KEY
 
     with open_transport(config, host) as t:
         text = install.current_text(t, unit) or ""

@@ -21,17 +21,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 import jinja2
 
 from ddtree_deploy.errors import ExitCode, UsageError
-from ddtree_deploy.facts.model import Venv
 from ddtree_deploy.resources import data_path
-from ddtree_deploy.service.spec import MANAGED_KEY, ServiceSpec
+from ddtree_deploy.service.libpath import ld_library_path
+from ddtree_deploy.service.spec import DEPLOYMENT_KEY, MANAGED_KEY, PORT_KEY, ServiceSpec
 
-DEPLOYMENT_KEY = "X-DDTreeDeploy-Deployment"
-PORT_KEY = "X-DDTreeDeploy-Port"
+__all__ = ["DEPLOYMENT_KEY", "PORT_KEY", "ld_library_path", "render_unit"]
+
 SGLANG_TEMPLATE = "sglang.service.j2"
 WRAPPER_TEMPLATE = "wrapper.service.j2"
 
@@ -47,8 +46,6 @@ _SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 # Order of LD_LIBRARY_PATH after the CUDA toolkit folders (cu13/lib or CUDA 12's per-component
 # ones): the libraries that keep their own nvidia/<name>/lib folder in both lanes.
-_OTHER_ORDER = ("cudnn", "nccl", "nvshmem", "cusparselt")
-_CU12_FIRST = ("cuda_runtime", "cuda_nvrtc", "cublas")
 
 
 class UnitRenderError(UsageError):
@@ -142,35 +139,6 @@ def _port(port: int | None, what: str) -> int | None:
     if port is not None and (isinstance(port, bool) or not 1 <= port <= 65535):
         raise UnitRenderError(f"{what}: port {port!r} is not in 1..65535")
     return port
-
-
-def _component(lib_dir: str) -> str:
-    parts = PurePosixPath(lib_dir).parts  # .../nvidia/<component>/lib
-    return parts[-2] if len(parts) >= 3 and parts[-1] == "lib" else lib_dir
-
-
-def ld_library_path(venv: Venv) -> tuple[str, ...]:
-    """The venv's real nvidia library folders, in loader search order.
-
-    CUDA 13's nvidia/cu13/lib first (else CUDA 12's per-component folders, cudart
-    first), then cuDNN, NCCL, NVSHMEM, cuSPARSELt, then any other, by name.
-    """
-    layout = venv.nvidia
-    cu12 = set(layout.cu12_components)
-
-    def rank(lib_dir: str) -> tuple[int, int, str]:
-        comp = _component(lib_dir)
-        if comp == "cu13":
-            return (0, 0, comp)
-        if comp in cu12:
-            first = _CU12_FIRST.index(comp) if comp in _CU12_FIRST else len(_CU12_FIRST)
-            return (1, first, comp)
-        if comp in _OTHER_ORDER:
-            return (2, _OTHER_ORDER.index(comp), comp)
-        return (3, 0, comp)
-
-    unique = list(dict.fromkeys(d.rstrip("/") for d in layout.lib_dirs if d))
-    return tuple(sorted(unique, key=rank))
 
 
 def _ld_value(dirs: Iterable[str]) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ddtree_deploy.config import Deployment, HostSpec
 from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts, Gpu, GpuProcess, Listener
+from ddtree_deploy.service.libpath import ld_library_path as from_venv
 from ddtree_deploy.service.spec import Algorithm, ServiceSpec
 
 FIRST_PORT = 30000
@@ -92,8 +93,6 @@ def choose_port(facts: Facts, wanted: int | None, *, own_unit: str, force: bool 
 
 
 def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
-    from ddtree_deploy.service.render import ld_library_path as from_venv
-
     found = facts.venv(venv)
     if found is None or not found.exists:
         raise RefusedError(f"venv {venv} does not exist on {facts.host}",

@@ -13,6 +13,8 @@ from typing import Literal
 Algorithm = Literal["none", "dflash", "ddtree"]
 MANAGED_KEY = "X-DDTreeDeploy-Managed"  # in [Unit]: marks units this tool created
 UNIT_DIR = "/etc/systemd/system"
+DEPLOYMENT_KEY = "X-DDTreeDeploy-Deployment"  # in [Unit]: the deployment a unit serves
+PORT_KEY = "X-DDTreeDeploy-Port"  # in [Unit]: the port its /health answers on
 
 
 @dataclass(frozen=True)
