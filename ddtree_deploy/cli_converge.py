@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import typer
@@ -73,7 +75,7 @@ def apply(
     """Converge each host on its deployments: idempotent, resumable, one host's failure
     does not stop the others."""
     from ddtree_deploy.converge.runner import apply_host, make_plan
-    from ddtree_deploy.converge.steps import Plan
+    from ddtree_deploy.converge.steps import Plan, Step
     from ddtree_deploy.fanout import exit_code, fan_out
 
     config = config_of(ctx)
@@ -85,14 +87,19 @@ def apply(
             raise UsageError(f"{plan_file}: not a saved plan ({exc})") from None
     names = hosts or (saved.hosts if saved else sorted({d.host for d in
                                                         config.deployments.values()}))
-    if saved is None:
-        preview = make_plan(config, names, refresh=True)
-        _render(preview)
-        if not preview.changes:
-            out.print("apply: nothing to change; probing the services")
+    if not yes and not sys.stdin.isatty():
+        raise UsageError("apply changes hosts: confirm on a terminal, or pass --yes")
+    shown = threading.Lock()
+
+    def show(host: str, steps: list[Step]) -> None:  # the plan each host runs, made under its lock
+        with shown:
+            _render(Plan([host], steps, {}, made_at=time.time()))
+            if not any(s.pending for s in steps):
+                out.print(f"apply: nothing to change on {host}; probing the services")
+
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("apply changes hosts: confirm on a terminal, or pass --yes")
+        if saved is None:  # a preview to confirm; each host plans again under its lock
+            _render(make_plan(config, names, refresh=True))
         if not typer.confirm(f"Apply to {', '.join(names)}?", default=False):
             raise typer.Exit(int(ExitCode.FAILED))
 
@@ -102,7 +109,9 @@ def apply(
             raise UsageError(f"the saved plan has no steps for {host}")
         return apply_host(config, host, expected_fingerprint=expected,
                           report=lambda m: err.print(m, highlight=False),
-                          probe_deadline=deadline)
+                          probe_deadline=deadline,
+                          on_plan=(lambda steps: show(host, steps)) if yes and saved is None
+                          else None)
 
     outcomes = fan_out(names, one, concurrency=concurrency)
     for o in outcomes:

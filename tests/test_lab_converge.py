@@ -105,9 +105,10 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     # Without a terminal and without --yes, apply refuses; a second apply is refused by the lock.
     no_tty = cli(lab, "apply", "ct200")
     assert no_tty.returncode == 2 and "--yes" in no_tty.stderr
+    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.lock import HostLock
 
-    with HostLock(lab, lab.host("ct200")) as held:
+    with open_transport(lab, "ct200") as t, HostLock(t, lab.host("ct200")) as held:
         busy = cli(lab, "apply", "ct200", "--yes")
     assert busy.returncode == 1
     assert "another apply holds ct200" in busy.stdout and held.holder in busy.stdout

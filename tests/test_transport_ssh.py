@@ -82,6 +82,46 @@ def test_many_commands_reuse_one_connection(sshd: Sshd, known: Path) -> None:
     assert outputs == [f"{i}\n" for i in range(20)]
 
 
+def test_no_nagle_delay_on_the_connection(sshd: Sshd, known: Path) -> None:
+    # Nagle plus the peer's delayed ACK would hold each command's last packet for ~40 ms.
+    with connect(sshd, known) as t:
+        t.run("true").check()
+        sock = t._ensure().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_a_held_command_and_others_share_the_connection(sshd: Sshd, known: Path) -> None:
+    """What apply's lock relies on: a command holding its channel (reporting through a stream
+    as it goes) while other commands run on the same connection, released by its stdin."""
+    release = threading.Event()
+
+    class Stdin:
+        def read(self, size: int = -1) -> bytes:
+            release.wait(10)
+            return b""
+
+    class Seen(io.BytesIO):
+        ready = threading.Event()
+
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            n = super().write(data)
+            if b"READY" in self.getvalue():
+                self.ready.set()
+            return n
+
+    seen = Seen()
+    with connect(sshd, known) as t:
+        holder = threading.Thread(target=lambda: t.run_piped(
+            "echo READY; cat >/dev/null; echo DONE", Stdin(), seen, timeout=30))  # type: ignore[arg-type]
+        holder.start()
+        assert seen.ready.wait(10)
+        assert [t.run(Command(("echo", str(i)))).stdout for i in range(3)] == ["0\n", "1\n", "2\n"]
+        assert b"DONE" not in seen.getvalue()
+        release.set()
+        holder.join(10)
+    assert seen.getvalue() == b"READY\nDONE\n"
+
+
 def test_large_output_does_not_deadlock(sshd: Sshd, known: Path) -> None:
     with connect(sshd, known) as t:
         r = t.run("head -c 5000000 /dev/zero; head -c 3000000 /dev/zero >&2", timeout=60)

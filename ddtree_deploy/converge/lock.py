@@ -1,9 +1,11 @@
-"""A per-host apply lock held through its own SSH session.
+"""A per-host apply lock held through its own command on the host (a channel of the SSH
+connection the apply uses).
 
 `flock -n` on the host holds the lock for as long as the session's command runs;
 the command waits on its stdin, so when the CLI ends — normally, killed, or with
 the connection cut — the session closes and the lock is released with it. The lock
-file names the holder (workstation, user, pid) and since when, for the refusal.
+file names the holder (workstation, user, pid) and since when, for the refusal. The
+command's first line (LOCKED or BUSY) says at once which it is: no polling.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import threading
 import time
 from typing import Any, BinaryIO, cast
 
-from ddtree_deploy.config import Config, HostSpec
+from ddtree_deploy.config import HostSpec
 from ddtree_deploy.converge.hoststate import STATE_DIR
 from ddtree_deploy.errors import RefusedError
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.base import ExecTransport
 
 LOCK_FILE = f"{STATE_DIR}/apply.lock"
 HOLD = r"""
@@ -42,55 +45,68 @@ class _Stdin:
         return b""
 
 
+class _Watch:
+    """The holding command's stdout: signals as soon as it says LOCKED (or BUSY, or ends)."""
+
+    def __init__(self) -> None:
+        self.text = bytearray()
+        self.changed = threading.Event()
+
+    def write(self, data: bytes) -> int:
+        self.text += data
+        if b"LOCKED\n" in self.text or b"BUSY" in self.text:
+            self.changed.set()
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    @property
+    def locked(self) -> bool:
+        return self.text.startswith(b"LOCKED\n")
+
+
 class HostLock:
-    def __init__(self, config: Config, host: HostSpec) -> None:
-        self.config, self.host = config, host
+    """Held on `transport`'s connection (its own channel, so the apply's commands share the
+    connection while the lock is held); released on exit or when the connection drops."""
+
+    def __init__(self, transport: ExecTransport, host: HostSpec) -> None:
+        self.transport, self.host = transport, host
         self.holder = (f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} since "
                        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
         self._stdin = _Stdin()
+        self._watch = _Watch()
         self._thread: threading.Thread | None = None
         self._result: dict[str, Any] = {}
 
     def __enter__(self) -> HostLock:
-        from ddtree_deploy.connect import open_transport
-
-        transport = open_transport(self.config, self.host)
-        self._transport = transport
         cmd = Command.shell(HOLD, LOCK_FILE, self.holder, sudo=True)
+        watch = self._watch
 
         def hold() -> None:
             try:
-                self._result["r"] = transport.run_stream_in(
-                    cmd, cast(BinaryIO, self._stdin), timeout=None)
+                self._result["r"] = self.transport.run_piped(
+                    cmd, cast(BinaryIO, self._stdin), cast(BinaryIO, watch), timeout=None)
             except Exception as exc:  # reported by __enter__, never lost
                 self._result["error"] = exc
+            finally:
+                watch.changed.set()
 
         self._thread = threading.Thread(target=hold, daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + max(15.0, self.host.connect_timeout + 5)
-        while time.monotonic() < deadline:
-            if "r" in self._result or "error" in self._result:
-                break
-            if self._holds():
-                return self
-            time.sleep(0.2)
+        watch.changed.wait(timeout=max(15.0, self.host.connect_timeout + 5))
+        if watch.locked and not self._result:
+            return self
         self._stdin.release.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
         if "error" in self._result:
             raise self._result["error"]
-        r = self._result.get("r")
-        text = (r.stdout if r is not None else "").replace("BUSY", "").strip()
+        text = watch.text.decode(errors="replace").replace("BUSY", "").strip()
         raise RefusedError(f"another apply holds {self.host.name}: {text or 'unknown holder'}",
                            hint="wait for it to finish")
-
-    def _holds(self) -> bool:
-        from ddtree_deploy.connect import open_transport
-
-        with open_transport(self.config, self.host) as t:
-            r = t.run(Command.of("cat", LOCK_FILE, sudo=True), timeout=10)
-        return r.ok and r.stdout.strip() == self.holder
 
     def __exit__(self, *exc: object) -> None:
         self._stdin.release.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._transport.close()

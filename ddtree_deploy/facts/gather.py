@@ -15,8 +15,37 @@ from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.fanout import Outcome, fan_out
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.base import ExecTransport
 
 PROBE_TIMEOUT_S = 60.0
+
+# Runs the probe (sent on stdin) as a module kept in the user's cache on the host, named by its
+# hash: Python compiles it once and imports the cached bytecode after that. Other versions are
+# removed; a home that cannot be written only means the probe is compiled each time.
+PROBE_BOOT = """
+import glob, hashlib, os, sys
+src = sys.stdin.buffer.read()
+name = "probe_" + hashlib.sha256(src).hexdigest()[:16]
+home = os.path.expanduser("~/.cache/ddtree-deploy/probe")
+try:
+    path = os.path.join(home, name + ".py")
+    if not os.path.exists(path):
+        os.makedirs(home, mode=0o700, exist_ok=True)
+        tmp = "%s.%d" % (path, os.getpid())
+        with open(tmp, "wb") as fh:
+            fh.write(src)
+        os.replace(tmp, path)
+        for old in glob.glob(os.path.join(home, "probe_*")) + glob.glob(
+                os.path.join(home, "__pycache__", "probe_*")):
+            if os.path.basename(old).split(".")[0] != name:
+                os.unlink(old)
+    sys.path.insert(0, home)
+    probe = __import__(name)
+except (OSError, ImportError):
+    probe = type(sys)("probe")
+    exec(compile(src, "<probe>", "exec"), probe.__dict__)
+sys.exit(probe.main(sys.argv[1:]))
+"""
 
 
 def probe_source() -> str:
@@ -44,7 +73,7 @@ def probe_command(
         args += ["--venv", path]
     for path in models or []:
         args += ["--model", path]
-    return Command(argv=("python3", "-", *args), stdin=probe_source().encode())
+    return Command(argv=("python3", "-c", PROBE_BOOT, *args), stdin=probe_source().encode())
 
 
 def parse_output(host: str, stdout: str, duration: float) -> Facts:
@@ -63,10 +92,17 @@ def parse_output(host: str, stdout: str, duration: float) -> Facts:
                                  f"it printed: {head}") from exc
 
 
-def gather(config: Config, spec: HostSpec, extra_venvs: list[str] | None = None) -> Facts:
+def gather(config: Config, spec: HostSpec, extra_venvs: list[str] | None = None,
+           *, transport: ExecTransport | None = None) -> Facts:
+    """Run the probe on the host: over `transport` when given (kept open), else over a new
+    connection closed afterwards."""
     cmd = probe_command(spec, extra_venvs, model_paths(config, spec))
-    with open_transport(config, spec) as transport:
-        result = transport.run(cmd, timeout=min(spec.command_timeout, PROBE_TIMEOUT_S))
+    timeout = min(spec.command_timeout, PROBE_TIMEOUT_S)
+    if transport is not None:
+        result = transport.run(cmd, timeout=timeout)
+    else:
+        with open_transport(config, spec) as t:
+            result = t.run(cmd, timeout=timeout)
     if result.exit_code == 127 or "python3: not found" in result.stderr:
         raise RemoteCommandError(f"{spec.name}: python3 is not installed on the host; "
                                  "the facts probe needs it")

@@ -170,6 +170,16 @@ class ModelDir(BaseModel):
     error: str | None = None
 
 
+class ProbeMemo(BaseModel):
+    """How much the probe reused from its memo on the host (facts/probe_memo.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+    path: str | None = None
+    hits: int = 0
+    misses: int = 0
+    error: str | None = None
+
+
 class Facts(BaseModel):
     model_config = ConfigDict(extra="ignore")
     schema_version: int = SCHEMA_VERSION
@@ -182,6 +192,7 @@ class Facts(BaseModel):
     services: Services = Field(default_factory=Services)
     models: list[ModelDir] = Field(default_factory=list)
     tool: ToolState = Field(default_factory=ToolState)
+    probe_memo: ProbeMemo = Field(default_factory=ProbeMemo)
 
     def model(self, path: str) -> ModelDir | None:
         want = path.rstrip("/")

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ddtree_deploy.facts.probe_memo import MEMO_PATH, Memo
 from ddtree_deploy.facts.probe_sglang import WANTED_NAMES, exported_names, sglang_info
 from ddtree_deploy.facts.probe_sys import (
     elapsed,
@@ -81,8 +82,9 @@ def discover_venvs(roots: tuple[str, ...] | None = None) -> list[str]:
     return found
 
 
-def probe_venv(path: str, declared: bool) -> dict[str, Any]:
+def probe_venv(path: str, declared: bool, memo: Memo | None = None) -> dict[str, Any]:
     """Everything about one venv; problems go to its "error", never out of here."""
+    memo = memo or Memo()
     out: dict[str, Any] = {"path": path, "declared": declared, "exists": os.path.isdir(path)}
     if not out["exists"]:
         out["error"] = f"{path}: no such directory"
@@ -94,15 +96,15 @@ def probe_venv(path: str, declared: bool) -> dict[str, Any]:
     if sp is None:
         out["error"] = f"{path}: no lib/python3*/site-packages"
         return out
-    dists, owners, problems = scan_distributions(sp)
+    dists, owners, problems = scan_distributions(sp, memo)
     out["distributions"] = dists
     errors += problems
     steps: list[tuple[str, Callable[[], None]]] = [
         ("torch", lambda: out.__setitem__("torch", torch_info(sp, dists))),
         ("nvidia", lambda: out.__setitem__("nvidia", nvidia_layout(sp))),
-        ("extensions", lambda: _extensions(out, sp, owners, errors)),
-        ("sglang", lambda: out.__setitem__("sglang", _sglang(path, sp, dists))),
-        ("names", lambda: out.__setitem__("names", _names(sp))),
+        ("extensions", lambda: _extensions(out, sp, owners, errors, memo)),
+        ("sglang", lambda: out.__setitem__("sglang", _sglang(path, sp, dists, memo))),
+        ("names", lambda: out.__setitem__("names", _names(sp, memo))),
     ]
     for name, step in steps:
         try:
@@ -113,24 +115,25 @@ def probe_venv(path: str, declared: bool) -> dict[str, Any]:
     return out
 
 
-def _extensions(out: dict[str, Any], sp: str, owners: dict[str, str], errors: list[str]) -> None:
-    entries, problem = scan_extensions(sp, owners)
+def _extensions(out: dict[str, Any], sp: str, owners: dict[str, str], errors: list[str],
+                memo: Memo) -> None:
+    entries, problem = scan_extensions(sp, owners, memo=memo)
     out["extensions"] = entries
     if problem:
         errors.append(problem)
 
 
-def _sglang(venv: str, sp: str, dists: dict[str, str]) -> dict[str, Any] | None:
+def _sglang(venv: str, sp: str, dists: dict[str, str], memo: Memo) -> dict[str, Any] | None:
     python = os.path.join(venv, "bin", "python")
-    return sglang_info(python, find_package_dir(sp, "sglang"), dists.get("sglang"))
+    return sglang_info(python, find_package_dir(sp, "sglang"), dists.get("sglang"), memo=memo)
 
 
-def _names(sp: str) -> dict[str, list[str]]:
+def _names(sp: str, memo: Memo) -> dict[str, list[str]]:
     names: dict[str, list[str]] = {}
     for package, wanted in WANTED_NAMES.items():
         pkg_dir = find_package_dir(sp, package)
         if pkg_dir is not None:
-            names[package] = exported_names(pkg_dir, wanted)
+            names[package] = exported_names(pkg_dir, wanted, memo)
     return names
 
 
@@ -182,9 +185,13 @@ def tool_state() -> dict[str, Any]:
 
 
 def gather(
-    venvs: list[str], discover: bool, host_name: str | None, models: list[str] | None = None
+    venvs: list[str], discover: bool, host_name: str | None, models: list[str] | None = None,
+    memo_path: str | None = None,
 ) -> dict[str, Any]:
+    """Every part's facts. memo_path: where the host keeps what the probe derived from files
+    (probe_memo.py); None: derive everything again."""
     start = time.monotonic()
+    memo = Memo(memo_path)
     declared = [os.path.normpath(v) for v in venvs]
     found = [v for v in discover_venvs() if v not in declared] if discover else []
     all_venvs = [(v, True) for v in dict.fromkeys(declared)] + [(v, False) for v in found]
@@ -203,15 +210,17 @@ def gather(
     if tcp.get("error"):
         prior = facts["services"].get("error")
         facts["services"]["error"] = "; ".join(e for e in (prior, tcp["error"]) if e)
-    facts["venvs"] = [_venv_part(v, d) for v, d in all_venvs]
+    facts["venvs"] = [_venv_part(v, d, memo) for v, d in all_venvs]
     facts["models"] = [model_dir(m) for m in dict.fromkeys(models or [])]
     facts["tool"] = guarded({"managed_units": {}, "pending_restarts": []}, tool_state)
+    memo.save()
+    facts["probe_memo"] = memo.report()
     facts["duration_s"] = elapsed(start)
     return facts
 
 
-def _venv_part(path: str, declared: bool) -> dict[str, Any]:
-    return guarded({"path": path, "declared": declared}, lambda: probe_venv(path, declared))
+def _venv_part(path: str, declared: bool, memo: Memo) -> dict[str, Any]:
+    return guarded({"path": path, "declared": declared}, lambda: probe_venv(path, declared, memo))
 
 
 def _listeners_part() -> dict[str, Any]:
@@ -225,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--discover", action="store_true", help="also look for venvs")
     parser.add_argument("--host-name", default=None, help="the host's name in hosts.yaml")
     parser.add_argument("--model", action="append", default=[], help="a model folder (repeat)")
+    parser.add_argument("--no-memo", action="store_true",
+                        help="derive everything again (ignore and keep no " + MEMO_PATH + ")")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    facts = gather(args.venv, args.discover, args.host_name, args.model)
+    facts = gather(args.venv, args.discover, args.host_name, args.model,
+                   None if args.no_memo else MEMO_PATH)
     sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

@@ -14,9 +14,14 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
+from ddtree_deploy.facts.probe_memo import Memo
+
 SPEC_TIMEOUT_S = 10.0
+SPEC_TIMEOUT_TEXT = "loading spec_info.py took more than"
+SPEC_NO_RUN_TEXT = "cannot run"
 WANTED_NAMES = {"flashinfer": ["mm_mxfp8"], "xgrammar": ["StructuralTag"]}
 NAME_SCAN_DEPTH = 4
 
@@ -95,9 +100,9 @@ def spec_info_runtime(
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"loading spec_info.py took more than {timeout:.0f}s"}
+        return {"error": f"{SPEC_TIMEOUT_TEXT} {timeout:.0f}s"}
     except OSError as exc:
-        return {"error": f"cannot run {python}: {exc.strerror or exc}"}
+        return {"error": f"{SPEC_NO_RUN_TEXT} {python}: {exc.strerror or exc}"}
     text = proc.stdout.decode("utf-8", "replace").strip()
     try:
         data = json.loads(text.splitlines()[-1]) if text else None
@@ -110,7 +115,8 @@ def spec_info_runtime(
 
 
 def sglang_info(
-    python: str, pkg_dir: str | None, version: str | None, timeout: float = SPEC_TIMEOUT_S
+    python: str, pkg_dir: str | None, version: str | None, timeout: float = SPEC_TIMEOUT_S,
+    memo: Memo | None = None,
 ) -> dict[str, Any] | None:
     """The SglangInfo dict for a venv whose sglang package lives at pkg_dir (None: absent)."""
     if pkg_dir is None and version is None:
@@ -135,7 +141,13 @@ def sglang_info(
     if not os.path.isfile(spec_path):
         info["spec_error"] = "sglang/srt/speculative/spec_info.py is missing"
         return info
-    data = spec_info_runtime(python, spec_path, timeout)
+    # The answer depends on spec_info.py and the interpreter only (-I -S): remembered while
+    # both are unchanged, except a timeout or an interpreter that would not start (passing).
+    data = (memo or Memo()).derive("spec_info", f"{python}|{spec_path}", [python, spec_path],
+                                   spec_info_runtime, python, spec_path, timeout,
+                                   keep=lambda d: not str(d.get("error", "")).startswith(
+                                       (SPEC_TIMEOUT_TEXT, SPEC_NO_RUN_TEXT)))
+    data = dict(data)  # a copy: the memo keeps its own
     if "error" in data:
         runtime_error = data["error"]
         try:
@@ -159,10 +171,12 @@ def sglang_info(
 # ---- exported names ----------------------------------------------------------------------------
 
 
-def _module_file(pkg_dir: str, base_parts: list[str], module: str | None) -> str | None:
+def _module_file(pkg_dir: str, base_parts: list[str], module: str | None,
+                 track: Callable[[str], None]) -> str | None:
     parts = base_parts + (module.split(".") if module else [])
     stem = os.path.join(pkg_dir, *parts) if parts else pkg_dir
     for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
+        track(candidate)
         if os.path.isfile(candidate):
             return candidate
     return None
@@ -182,9 +196,12 @@ def module_statements(body: list[ast.stmt]) -> list[ast.stmt]:
     return out
 
 
-def defines_name(pkg_dir: str, rel_parts: list[str], path: str, name: str, depth: int) -> bool:
+def defines_name(pkg_dir: str, rel_parts: list[str], path: str, name: str, depth: int,
+                 track: Callable[[str], None] = lambda _p: None) -> bool:
     """Whether the module at `path` (rel_parts: its package inside pkg_dir) binds `name`,
-    following `from .x import name` / `from .x import *` into the package's own files."""
+    following `from .x import name` / `from .x import *` into the package's own files.
+    track(path) is told of every file read or looked for."""
+    track(path)
     with open(path, encoding="utf-8", errors="replace") as fh:
         text = fh.read()
     try:
@@ -211,7 +228,7 @@ def defines_name(pkg_dir: str, rel_parts: list[str], path: str, name: str, depth
                     return True
                 continue
             base = rel_parts[: len(rel_parts) - (node.level - 1)] if node.level > 1 else rel_parts
-            target = _module_file(pkg_dir, list(base), node.module)
+            target = _module_file(pkg_dir, list(base), node.module, track)
             for alias in hits:
                 wanted = name if alias.name == "*" else alias.name
                 if target is None:
@@ -220,14 +237,19 @@ def defines_name(pkg_dir: str, rel_parts: list[str], path: str, name: str, depth
                     continue
                 sub = os.path.relpath(os.path.dirname(target), pkg_dir)
                 sub_parts = [] if sub == "." else sub.split(os.sep)
-                if defines_name(pkg_dir, sub_parts, target, wanted, depth - 1):
+                if defines_name(pkg_dir, sub_parts, target, wanted, depth - 1, track):
                     return True
     return False
 
 
-def exported_names(pkg_dir: str, wanted: list[str]) -> list[str]:
+def exported_names(pkg_dir: str, wanted: list[str], memo: Memo | None = None) -> list[str]:
     """Those of `wanted` that the package's __init__.py exports (read, not imported)."""
-    init = os.path.join(pkg_dir, "__init__.py")
-    if not os.path.isfile(init):
-        return []
-    return [n for n in wanted if defines_name(pkg_dir, [], init, n, NAME_SCAN_DEPTH)]
+
+    def scan(track: Callable[[str], None]) -> list[str]:
+        init = os.path.join(pkg_dir, "__init__.py")
+        track(init)
+        if not os.path.isfile(init):
+            return []
+        return [n for n in wanted if defines_name(pkg_dir, [], init, n, NAME_SCAN_DEPTH, track)]
+
+    return list((memo or Memo()).derive_tracked("names", f"{pkg_dir}|{','.join(wanted)}", scan))

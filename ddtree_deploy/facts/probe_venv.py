@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ddtree_deploy.facts.probe_elf import ElfError, elf_dynamic
+from ddtree_deploy.facts.probe_memo import Memo
 from ddtree_deploy.facts.probe_parse import (
     canonical_name,
     cuda_major_of,
@@ -66,8 +67,11 @@ def find_site_packages(venv: str) -> str | None:
     return max(found, key=lambda p: len(os.listdir(p)))
 
 
-def scan_distributions(sp: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+def scan_distributions(
+    sp: str, memo: Memo | None = None
+) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """({canonical name: version}, {relative .so path: owner}, problems) from *.dist-info."""
+    memo = memo or Memo()
     dists: dict[str, str] = {}
     owners: dict[str, str] = {}
     problems: list[str] = []
@@ -80,27 +84,35 @@ def scan_distributions(sp: str) -> tuple[dict[str, str], dict[str, str], list[st
                 meta_file = os.path.join(sp, entry)  # a flat egg-info file
         else:
             continue
-        try:
-            meta = parse_metadata(read_text(meta_file, 64 << 10))
-        except OSError as exc:
-            problems.append(f"{entry}: {exc.strerror or exc}")
-            continue
-        if not meta["name"] or not meta["version"]:
-            problems.append(f"{entry}: METADATA without Name or Version")
-            continue
-        name = canonical_name(meta["name"])
-        dists.setdefault(name, meta["version"])
         record = os.path.join(sp, entry, "RECORD")
-        if not os.path.isfile(record):
+        one = memo.derive("dist", meta_file, [meta_file, record],
+                          _distribution, entry, meta_file, record)
+        if one.get("problem"):
+            problems.append(one["problem"])
             continue
-        try:
-            lines = [ln for ln in read_text(record, 64 << 20).splitlines() if ".so" in ln]
-        except OSError:
-            continue
-        for rel in parse_record_paths("\n".join(lines)):
-            if _SO_RE.search(rel):
-                owners.setdefault(os.path.normpath(rel), name)
+        dists.setdefault(one["name"], one["version"])
+        for rel in one["so_files"]:
+            owners.setdefault(rel, one["name"])
     return dists, owners, problems
+
+
+def _distribution(entry: str, meta_file: str, record: str) -> dict[str, Any]:
+    """One dist-info's name, version and the shared objects its RECORD lists."""
+    try:
+        meta = parse_metadata(read_text(meta_file, 64 << 10))
+    except OSError as exc:
+        return {"problem": f"{entry}: {exc.strerror or exc}"}
+    if not meta["name"] or not meta["version"]:
+        return {"problem": f"{entry}: METADATA without Name or Version"}
+    out: dict[str, Any] = {"name": canonical_name(meta["name"]), "version": meta["version"],
+                           "so_files": []}  # fmt: skip
+    try:
+        lines = [ln for ln in read_text(record, 64 << 20).splitlines() if ".so" in ln]
+    except OSError:
+        return out
+    out["so_files"] = [os.path.normpath(rel) for rel in parse_record_paths("\n".join(lines))
+                       if _SO_RE.search(rel)]  # fmt: skip
+    return out
 
 
 def torch_info(sp: str, dists: dict[str, str]) -> dict[str, Any] | None:
@@ -133,30 +145,43 @@ def extension_entry(sp: str, rel: str, owner: str | None) -> dict[str, Any] | No
 
 
 def scan_extensions(
-    sp: str, owners: dict[str, str], budget_s: float = EXT_SCAN_BUDGET_S
+    sp: str, owners: dict[str, str], budget_s: float = EXT_SCAN_BUDGET_S, memo: Memo | None = None
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Every shared object under site-packages (except nvidia/) that needs a CUDA library,
     or that could not be read. Returns (entries, error when the time budget ran out)."""
+    memo = memo or Memo()
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + budget_s
-    for root, dirs, files in os.walk(sp):
-        rel_root = os.path.relpath(root, sp)
-        if rel_root == ".":
-            dirs[:] = [d for d in dirs if d not in EXT_SKIP_TOP and not d.endswith(".dist-info")]
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if not _SO_RE.search(name):
-                continue
-            full = os.path.join(root, name)
-            if os.path.islink(full):
-                continue
-            rel = os.path.normpath(os.path.join(rel_root, name))
-            entry = extension_entry(sp, rel, owners.get(rel))
-            if entry is not None:
-                out.append(entry)
-            if time.monotonic() > deadline:
-                return out, f"extension scan stopped after {budget_s:.0f}s (partial list)"
+    for rel in shared_objects(sp):
+        full = os.path.join(sp, rel)
+        entry = memo.derive("elf", full, [full], extension_entry, sp, rel, None)
+        if entry is not None:
+            out.append(dict(entry, distribution=owners.get(rel)))
+        if time.monotonic() > deadline:
+            return out, f"extension scan stopped after {budget_s:.0f}s (partial list)"
     return out, None
+
+
+def shared_objects(sp: str) -> list[str]:
+    """Relative paths of the shared objects under site-packages, sorted: not symlinks, not in
+    __pycache__, the top-level nvidia/ and *.dist-info left out."""
+    found: list[str] = []
+    stack: list[tuple[str, str]] = [("", sp)]
+    while stack:
+        rel, path = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        if e.name == "__pycache__" or (not rel and (
+                                e.name in EXT_SKIP_TOP or e.name.endswith(".dist-info"))):
+                            continue
+                        stack.append((rel + e.name + "/", e.path))
+                    elif _SO_RE.search(e.name) and not e.is_symlink():
+                        found.append(rel + e.name)
+        except OSError:
+            continue
+    return sorted(found)
 
 
 def nvidia_layout(sp: str) -> dict[str, Any]:

@@ -44,12 +44,26 @@ esac
 
 NVCC_RELEASES = {"12.8": ("Fri_Feb_21_20:23:50_PST_2025", "12.8.93", "35583870")}
 
+SMI_LAUNCHER = b"""#!/usr/bin/python3 -S
+# Lab stand-in for nvidia-smi (see /usr/lib/ddtree-lab/nvidia_smi.py): no GPU on this machine.
+import sys
+
+sys.path.insert(0, "/usr/lib/ddtree-lab")
+from nvidia_smi import main
+
+sys.exit(main())
+"""
+
 SSHD_CONF = b"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUseDNS no\n"
 
 
 def layer_files(host: LabHost, work: Path) -> list[FileSpec]:
     files: list[FileSpec] = [
-        ("/usr/bin/nvidia-smi", (STANDIN_DIR / "nvidia_smi.py").read_bytes(), 0o755),
+        # The stand-in is a module behind a small launcher, so its bytecode is cached after
+        # the first call (a script run directly is compiled every time): the real nvidia-smi
+        # is a native program, and the probe calls it three times per inventory.
+        ("/usr/lib/ddtree-lab/nvidia_smi.py", (STANDIN_DIR / "nvidia_smi.py").read_bytes(), 0o644),
+        ("/usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755),
         ("/etc/ssh/sshd_config.d/ddtree-lab.conf", SSHD_CONF, 0o644),
     ]
     libcuda = standin_wheels.build_libcuda(work / "libcuda.so.1")

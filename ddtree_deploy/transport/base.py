@@ -319,6 +319,13 @@ class ExecTransport(ABC):
         """Run `cmd` with its standard output streamed into `dst` (e.g. `tar -c`)."""
         return self._go(cmd, stdin=None, stdout=dst, timeout=timeout)
 
+    def run_piped(
+        self, cmd: Command | str, src: BinaryIO, dst: BinaryIO, *, timeout: float | None = None
+    ) -> Result:
+        """Run `cmd` with `src` streamed in and its standard output streamed into `dst` as it
+        comes (e.g. a long-running holder whose first line says it is ready)."""
+        return self._go(cmd, stdin=src, stdout=dst, timeout=timeout)
+
     # -- files --------------------------------------------------------------
 
     def put_stream(

@@ -209,7 +209,11 @@ def connect_socket(label: str, address: str, port: int, timeout: float) -> socke
     """A TCP connection, or UnreachableError within `timeout` seconds."""
     where = f"{label} ({address}:{port})"
     try:
-        return socket.create_connection((address, port), timeout=timeout)
+        sock = socket.create_connection((address, port), timeout=timeout)
+        # SSH messages are small and answered: without TCP_NODELAY, Nagle's algorithm and
+        # the peer's delayed ACK hold each command's last packet for about 40 ms.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
     except TimeoutError as exc:
         raise UnreachableError(f"{where} unreachable: no answer within {timeout:g}s") from exc
     except socket.gaierror as exc:
