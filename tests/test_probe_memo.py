@@ -183,3 +183,40 @@ def test_the_probe_gives_the_same_facts_from_its_memo_and_sees_each_change(
     assert one(first)["names"]["flashinfer"] == ["mm_mxfp8"]
     assert one(changed)["names"]["flashinfer"] == []
     assert changed == _facts(venv, tmp_path / "third.json")[0]  # as a probe without memo sees it
+
+
+# ---- the probe kept as a compiled module on the host ---------------------------------------------
+
+
+def test_the_probe_is_kept_compiled_by_its_hash_and_old_versions_go(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from ddtree_deploy.facts.gather import PROBE_BOOT
+
+    def run(source: str, home: Path) -> dict[str, Any]:
+        env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run([sys.executable, "-c", PROBE_BOOT, "--host-name", "x"],
+                              input=source.encode(), capture_output=True, env=env, timeout=60,
+                              check=False)
+        assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
+        return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+    from ddtree_deploy.facts.bundle import probe_source
+
+    home = tmp_path / "home"
+    folder = home / ".cache" / "ddtree-deploy" / "probe"
+    source = probe_source()
+    assert run(source, home)["host"] == "x"
+    (module,) = [p.name for p in folder.glob("probe_*.py")]
+    (compiled,) = [p.name for p in (folder / "__pycache__").iterdir()]
+    assert compiled.startswith(module[:-3])  # compiled although PYTHONDONTWRITEBYTECODE is set
+    assert run(source, home)["host"] == "x"
+    newer = source + "\n# another version\n"
+    assert run(newer, home)["host"] == "x"
+    assert [p.name for p in folder.glob("probe_*.py")] != [module]  # only the newer one is left
+    assert len(list(folder.glob("probe_*.py"))) == 1
+    assert len(list((folder / "__pycache__").iterdir())) == 1
+    blocked = tmp_path / "file-home"
+    blocked.write_text("")  # a home that cannot hold a cache: the probe still runs
+    assert run(source, blocked)["host"] == "x"

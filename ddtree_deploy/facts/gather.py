@@ -39,6 +39,9 @@ try:
                 os.path.join(home, "__pycache__", "probe_*")):
             if os.path.basename(old).split(".")[0] != name:
                 os.unlink(old)
+    import importlib.util, py_compile
+    if not os.path.exists(importlib.util.cache_from_source(path)):
+        py_compile.compile(path)  # also where PYTHONDONTWRITEBYTECODE is set
     sys.path.insert(0, home)
     probe = __import__(name)
 except (OSError, ImportError):
