@@ -98,8 +98,9 @@ def apply(
                 out.print(f"apply: nothing to change on {host}; probing the services")
 
     if not yes:
-        if saved is None:  # a preview to confirm; each host plans again under its lock
-            _render(make_plan(config, names, refresh=True))
+        if saved is None:  # a preview to confirm; under its lock each host must still match it
+            saved = make_plan(config, names, refresh=True)
+            _render(saved)
         if not typer.confirm(f"Apply to {', '.join(names)}?", default=False):
             raise typer.Exit(int(ExitCode.FAILED))
 

@@ -69,6 +69,7 @@ class Sshd:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     users: list[str] = field(default_factory=list)
+    max_sessions: int = 100
 
     @property
     def host_key(self) -> Path:
@@ -115,7 +116,7 @@ class Sshd:
                     "PermitUserEnvironment yes",
                     "AllowTcpForwarding yes",
                     "MaxStartups 100",
-                    "MaxSessions 100",
+                    f"MaxSessions {self.max_sessions}",
                     "LogLevel ERROR",
                     f"Subsystem sftp {SFTP_SERVER}",
                     "",

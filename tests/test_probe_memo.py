@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,22 @@ def test_the_probe_is_kept_compiled_by_its_hash_and_old_versions_go(tmp_path: Pa
     blocked = tmp_path / "file-home"
     blocked.write_text("")  # a home that cannot hold a cache: the probe still runs
     assert run(source, blocked)["host"] == "x"
+
+
+def test_a_memo_of_another_probe_version_or_python_is_dropped(tmp_path: Path) -> None:
+    memo_file, data = tmp_path / "memo.json", tmp_path / "a"
+    data.write_text("x")
+    calls: list[str] = []
+
+    def derive(code: str) -> tuple[int, int]:
+        memo = Memo(str(memo_file), code)
+        memo.derive("k", "a", [str(data)], lambda: calls.append(code) or "v")
+        memo.save()
+        return memo.hits, memo.misses
+
+    assert derive("v1") == (0, 1)
+    assert derive("v1") == (1, 0)
+    assert derive("v2") == (0, 1)  # a newer probe derives again: its parsers may differ
+    assert calls == ["v1", "v2"]
+    saved = json.loads(memo_file.read_text())
+    assert saved["code"].startswith("v2|") and saved["code"].endswith(sys.version)

@@ -24,6 +24,7 @@ from ddtree_deploy.errors import (
     CommandTimeout,
     HostKeyError,
     SudoError,
+    TransportError,
     UnreachableError,
 )
 from ddtree_deploy.transport import (
@@ -120,6 +121,39 @@ def test_a_held_command_and_others_share_the_connection(sshd: Sshd, known: Path)
         release.set()
         holder.join(10)
     assert seen.getvalue() == b"READY\nDONE\n"
+
+
+def test_a_refused_session_leaves_the_connection_and_close_is_final(tmp_path: Path) -> None:
+    server = Sshd(tmp_path / "sshd", max_sessions=1)
+    server.start()
+    try:
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(server.known_hosts_line() + "\n")
+        release = threading.Event()
+
+        class Stdin:
+            def read(self, size: int = -1) -> bytes:
+                release.wait(10)
+                return b""
+
+        t = connect(server, known_hosts)
+        t.run("true").check()
+        first = t._ensure()
+        holder = threading.Thread(target=lambda: t.run_stream_in(
+            "cat >/dev/null", Stdin(), timeout=30))  # type: ignore[arg-type]
+        holder.start()
+        time.sleep(0.5)
+        with pytest.raises(TransportError, match="refused a session"):
+            t.run("true")
+        release.set()
+        holder.join(10)
+        assert t.run("echo again").stdout == "again\n"
+        assert t._ensure() is first  # the same connection: the refusal did not close it
+        t.close()
+        with pytest.raises(TransportError, match="closed"):
+            t.run("true")  # never silently reconnects once closed (e.g. from a thread)
+    finally:
+        server.stop()
 
 
 def test_large_output_does_not_deadlock(sshd: Sshd, known: Path) -> None:

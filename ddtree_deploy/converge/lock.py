@@ -1,5 +1,5 @@
-"""A per-host apply lock held through its own command on the host (a channel of the SSH
-connection the apply uses).
+"""A per-host apply lock held through its own command on the host, on a connection of its own
+(so it never competes with the apply's commands for the server's sessions).
 
 `flock -n` on the host holds the lock for as long as the session's command runs;
 the command waits on its stdin, so when the CLI ends — normally, killed, or with
@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, cast
 
 from ddtree_deploy.config import HostSpec
 from ddtree_deploy.converge.hoststate import STATE_DIR
-from ddtree_deploy.errors import RefusedError
+from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 
@@ -67,8 +67,8 @@ class _Watch:
 
 
 class HostLock:
-    """Held on `transport`'s connection (its own channel, so the apply's commands share the
-    connection while the lock is held); released on exit or when the connection drops."""
+    """Held by a command on `transport` while the context lasts; released on exit or when
+    that connection drops (check() says so before each step)."""
 
     def __init__(self, transport: ExecTransport, host: HostSpec) -> None:
         self.transport, self.host = transport, host
@@ -105,6 +105,12 @@ class HostLock:
         text = watch.text.decode(errors="replace").replace("BUSY", "").strip()
         raise RefusedError(f"another apply holds {self.host.name}: {text or 'unknown holder'}",
                            hint="wait for it to finish")
+
+    def check(self) -> None:
+        """Raise unless the holding command still runs (its connection may have dropped)."""
+        if self._thread is None or not self._thread.is_alive() or self._result:
+            why = self._result.get("error") or "the holding command ended"
+            raise DeployError(f"{self.host.name}: lost the apply lock ({why}); run apply again")
 
     def __exit__(self, *exc: object) -> None:
         self._stdin.release.set()

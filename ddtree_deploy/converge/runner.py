@@ -134,6 +134,8 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
             wheels = installer.wheelhouse([installer.Requirement(p["requirement"], False)],
                                           python_version=pyver, glibc=now.host_info.glibc)
         installer.install(t, p["venv"], pinned(wheels), wheels, sudo=host.use_sudo)
+        if any(w.name.lower().startswith("nvidia") for w in wheels):
+            facts.stale()  # new library folders: the unit's LD_LIBRARY_PATH must see them
     elif step.kind == "payload.deploy":
         from ddtree_deploy.payload.deploy import deploy
         from ddtree_deploy.payload.manifest import load_manifest
@@ -167,7 +169,8 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
     FactsCache().drop(host)
 
 
-def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float) -> str:
+def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float,
+           on_status: Callable[[str], None] | None = None) -> str:
     from ddtree_deploy.health.probe import ProbeTarget, probe_service
     from ddtree_deploy.service import install
     from ddtree_deploy.service.spec import PORT_KEY
@@ -177,7 +180,7 @@ def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float) -> str:
     if not ports:
         raise DeployError(f"{host.name}: {unit} has no port in its unit")
     verdict = probe_service(t, ProbeTarget(port=int(ports[0]), unit=unit, host=host.name),
-                            deadline_s=deadline)
+                            deadline_s=deadline, on_status=on_status)
     if verdict.status != "healthy":
         why = "; ".join(f"{m.diagnosis} (fix: {m.remedy})" for m in verdict.diagnosis)
         raise DeployError(f"{host.name}: {unit} is {verdict.status}: {verdict.reason}"
@@ -185,34 +188,51 @@ def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float) -> str:
     return verdict.reason
 
 
+class _Stopped(Exception):
+    """A health probe told to stop: its verdict is no longer wanted."""
+
+
 class _Probes:
-    """Health probes of units, each in its own thread on the apply's connection, started as
-    soon as a round's steps are done: the round's check (facts again, plan again) runs while
-    they wait for the services. Read-only, so an unused one is simply not waited for."""
+    """The health probes of a round's units, one after another in one thread on the apply's
+    connection (one channel besides the re-check's), started as soon as the round's steps are
+    done so that the round's check (facts, plan) runs while they wait for the services.
+    Read-only; stop() ends them at their next poll."""
 
     def __init__(self, t: ExecTransport, host: HostSpec, units: list[str],
                  deadline: float) -> None:
-        self.results: dict[str, tuple[str | None, DeployError | None, float]] = {}
-        self.threads = {u: threading.Thread(target=self._one, args=(t, host, u, deadline),
-                                            daemon=True) for u in units}
-        for thread in self.threads.values():
-            thread.start()
+        self.units = units
+        self.results: dict[str, tuple[str | None, BaseException | None, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._all, args=(t, host, deadline), daemon=True)
+        self._thread.start()
 
-    def _one(self, t: ExecTransport, host: HostSpec, unit: str, deadline: float) -> None:
-        started = time.monotonic()
-        try:
-            self.results[unit] = (_probe(t, host, unit, deadline), None,
-                                  time.monotonic() - started)
-        except DeployError as exc:
-            self.results[unit] = (None, exc, time.monotonic() - started)
+    def _check(self, _status: str) -> None:
+        if self._stop.is_set():
+            raise _Stopped
+
+    def _all(self, t: ExecTransport, host: HostSpec, deadline: float) -> None:
+        for unit in self.units:
+            started = time.monotonic()
+            try:
+                reason: str | None = _probe(t, host, unit, deadline, self._check)
+                error: BaseException | None = None
+            except _Stopped:
+                return
+            except Exception as exc:  # kept for verdict(): never lost in the thread
+                reason, error = None, exc
+            self.results[unit] = (reason, error, time.monotonic() - started)
 
     def verdict(self, unit: str) -> tuple[str, float]:
-        self.threads[unit].join()
+        self._thread.join()
         reason, error, seconds = self.results[unit]
         if error is not None:
             raise error
         assert reason is not None
         return reason, seconds
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 MAX_ROUNDS = 6
@@ -232,52 +252,61 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
     host = config.host(name)
     run = HostRun(name)
     t0 = time.monotonic()
-    with open_transport(config, host) as t, HostLock(t, host):
-        facts = _Facts(config, host, t)
-        steps, print_ = _plan_on(config, host, facts.fresh(), t)
-        if expected_fingerprint is not None and print_ != expected_fingerprint:
-            raise RefusedError(f"{name}: the facts changed since the plan was made; "
-                               "make a new plan (ddtree-deploy plan)")
-        if on_plan is not None:
-            on_plan(steps)
-        ran: set[tuple[str, str, str]] = set()
-        probes: _Probes | None = None
-        for _ in range(MAX_ROUNDS):
-            pending = [s for s in steps if s.pending]
-            if not pending:
-                break
-            for step in pending:
-                key = (step.kind, step.deployment, step.title)
-                if key in ran:
-                    raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not take "
-                                      f"effect ({step.reason})")
-                report(f"{name}: {step.kind}: {step.title} — {'; '.join(step.changes)}")
-                started = time.monotonic()
-                try:
-                    _act(config, host, t, facts, step)
-                except DeployError as exc:
-                    raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
-                                      f"{exc.message}", hint=exc.hint) from exc
-                run.timings.append((step.kind, time.monotonic() - started))
-                run.done.append(step)
-                ran.add(key)
-            units = [s.params["unit"] for s in steps if s.kind == "service.probe"]
-            probes = _Probes(t, host, units, probe_deadline) if units else None
-            now = facts.fresh()
-            FactsCache().save(host, now)  # what the host is now: the next plan starts here
-            steps, _ = _plan_on(config, host, now, t)
-        else:
-            raise DeployError(f"{name}: did not converge in {MAX_ROUNDS} rounds")
-        for step in steps:
-            if step.kind == "service.probe":
-                unit = step.params["unit"]
-                report(f"{name}: probing {unit}")
-                if probes is not None and unit in probes.threads:
-                    run.verdict, seconds = probes.verdict(unit)
-                else:
+    probes: _Probes | None = None
+    with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
+            open_transport(config, host) as t:
+        try:
+            facts = _Facts(config, host, t)
+            steps, print_ = _plan_on(config, host, facts.fresh(), t)
+            if expected_fingerprint is not None and print_ != expected_fingerprint:
+                raise RefusedError(f"{name}: the facts changed since the plan was made; "
+                                   "make a new plan (ddtree-deploy plan)")
+            if on_plan is not None:
+                on_plan(steps)
+            ran: set[tuple[str, str, str]] = set()
+            for _ in range(MAX_ROUNDS):
+                pending = [s for s in steps if s.pending]
+                if not pending:
+                    break
+                if probes is not None:
+                    probes.stop()  # a new round: their verdict would be of the old state
+                    probes = None
+                for step in pending:
+                    key = (step.kind, step.deployment, step.title)
+                    if key in ran:
+                        raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not "
+                                          f"take effect ({step.reason})")
+                    lock.check()
+                    report(f"{name}: {step.kind}: {step.title} — {'; '.join(step.changes)}")
                     started = time.monotonic()
-                    run.verdict = _probe(t, host, unit, probe_deadline)
-                    seconds = time.monotonic() - started
-                run.timings.append(("service.probe", seconds))
+                    try:
+                        _act(config, host, t, facts, step)
+                    except DeployError as exc:
+                        raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
+                                          f"{exc.message}", hint=exc.hint) from exc
+                    run.timings.append((step.kind, time.monotonic() - started))
+                    run.done.append(step)
+                    ran.add(key)
+                units = [s.params["unit"] for s in steps if s.kind == "service.probe"]
+                probes = _Probes(t, host, units, probe_deadline) if units else None
+                now = facts.fresh()
+                FactsCache().save(host, now)  # what the host is now: the next plan starts here
+                steps, _ = _plan_on(config, host, now, t)
+            else:
+                raise DeployError(f"{name}: did not converge in {MAX_ROUNDS} rounds")
+            for step in steps:
+                if step.kind == "service.probe":
+                    unit = step.params["unit"]
+                    report(f"{name}: probing {unit}")
+                    if probes is not None and unit in probes.units:
+                        run.verdict, seconds = probes.verdict(unit)
+                    else:
+                        started = time.monotonic()
+                        run.verdict = _probe(t, host, unit, probe_deadline)
+                        seconds = time.monotonic() - started
+                    run.timings.append(("service.probe", seconds))
+        finally:
+            if probes is not None:
+                probes.stop()
     run.total_s = time.monotonic() - t0
     return run

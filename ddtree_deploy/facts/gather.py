@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -28,23 +29,30 @@ src = sys.stdin.buffer.read()
 name = "probe_" + hashlib.sha256(src).hexdigest()[:16]
 home = os.path.expanduser("~/.cache/ddtree-deploy/probe")
 try:
+    import importlib.util, py_compile, tempfile
     path = os.path.join(home, name + ".py")
-    if not os.path.exists(path):
+    try:
+        with open(path, "rb") as fh:
+            kept = fh.read() == src
+    except OSError:
+        kept = False
+    if not kept:  # absent, or cut short by a crash: write it whole, then swap it in
         os.makedirs(home, mode=0o700, exist_ok=True)
-        tmp = "%s.%d" % (path, os.getpid())
-        with open(tmp, "wb") as fh:
+        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=home)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(src)
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
+        py_compile.compile(path, doraise=True)  # also where PYTHONDONTWRITEBYTECODE is set
         for old in glob.glob(os.path.join(home, "probe_*")) + glob.glob(
                 os.path.join(home, "__pycache__", "probe_*")):
             if os.path.basename(old).split(".")[0] != name:
                 os.unlink(old)
-    import importlib.util, py_compile
-    if not os.path.exists(importlib.util.cache_from_source(path)):
-        py_compile.compile(path)  # also where PYTHONDONTWRITEBYTECODE is set
+    elif not os.path.exists(importlib.util.cache_from_source(path)):
+        py_compile.compile(path, doraise=True)
     sys.path.insert(0, home)
     probe = __import__(name)
-except (OSError, ImportError):
+except Exception:  # no usable cache: run it as sent
     probe = type(sys)("probe")
     exec(compile(src, "<probe>", "exec"), probe.__dict__)
 sys.exit(probe.main(sys.argv[1:]))
@@ -71,12 +79,14 @@ def model_paths(config: Config, spec: HostSpec) -> list[str]:
 def probe_command(
     spec: HostSpec, extra_venvs: list[str] | None = None, models: list[str] | None = None
 ) -> Command:
-    args = ["--host-name", spec.name, "--discover"]
+    source = probe_source()
+    code = hashlib.sha256(source.encode()).hexdigest()[:16]
+    args = ["--host-name", spec.name, "--discover", "--memo-code", code]
     for path in [*(str(v.path) for v in spec.venvs.values()), *(extra_venvs or [])]:
         args += ["--venv", path]
     for path in models or []:
         args += ["--model", path]
-    return Command(argv=("python3", "-c", PROBE_BOOT, *args), stdin=probe_source().encode())
+    return Command(argv=("python3", "-c", PROBE_BOOT, *args), stdin=source.encode())
 
 
 def parse_output(host: str, stdout: str, duration: float) -> Facts:

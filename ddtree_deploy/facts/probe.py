@@ -186,12 +186,12 @@ def tool_state() -> dict[str, Any]:
 
 def gather(
     venvs: list[str], discover: bool, host_name: str | None, models: list[str] | None = None,
-    memo_path: str | None = None,
+    memo_path: str | None = None, memo_code: str = "",
 ) -> dict[str, Any]:
     """Every part's facts. memo_path: where the host keeps what the probe derived from files
     (probe_memo.py); None: derive everything again."""
     start = time.monotonic()
-    memo = Memo(memo_path)
+    memo = Memo(memo_path, memo_code)
     declared = [os.path.normpath(v) for v in venvs]
     found = [v for v in discover_venvs() if v not in declared] if discover else []
     all_venvs = [(v, True) for v in dict.fromkeys(declared)] + [(v, False) for v in found]
@@ -236,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", action="append", default=[], help="a model folder (repeat)")
     parser.add_argument("--no-memo", action="store_true",
                         help="derive everything again (ignore and keep no " + MEMO_PATH + ")")
+    parser.add_argument("--memo-code", default="", help="the probe's version (its hash)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     facts = gather(args.venv, args.discover, args.host_name, args.model,
-                   None if args.no_memo else MEMO_PATH)
+                   None if args.no_memo else MEMO_PATH, args.memo_code)
     sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

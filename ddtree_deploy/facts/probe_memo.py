@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -38,10 +39,13 @@ def file_sig(path: str) -> list[int] | None:
 
 
 class Memo:
-    """Derived values keyed by (kind, key), each valid while its files are unchanged."""
+    """Derived values keyed by (kind, key), each valid while its files are unchanged, and all of
+    them only for the probe code and interpreter that derived them (`code`: the probe's hash;
+    a memo written by another version or another python is dropped whole)."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, code: str = "") -> None:
         self.path = os.path.expanduser(path) if path else None
+        self.code = f"{code}|{sys.version}"
         self.old: dict[str, Any] = {}
         self.new: dict[str, Any] = {}
         self.hits = 0
@@ -59,7 +63,8 @@ class Memo:
                 data = json.load(fh)
         except (OSError, ValueError):
             return  # absent or unreadable: start empty
-        if isinstance(data, dict) and data.get("version") == MEMO_VERSION:
+        if (isinstance(data, dict) and data.get("version") == MEMO_VERSION
+                and data.get("code") == self.code):
             entries = data.get("entries")
             self.old = entries if isinstance(entries, dict) else {}
 
@@ -85,7 +90,7 @@ class Memo:
         for each file it is about to read or look for."""
         full = kind + "\0" + key
         old = self.old.get(full)
-        if isinstance(old, dict) and self._valid(old.get("deps")):
+        if isinstance(old, dict) and "value" in old and self._valid(old.get("deps")):
             return self._hit(full, old)
         signed: list[list[Any]] = []
         value = fn(lambda path: signed.append([path, file_sig(path)]))
@@ -119,7 +124,7 @@ class Memo:
             os.makedirs(folder, mode=0o700, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".probe-memo.", dir=folder)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": MEMO_VERSION, "entries": self.new}, fh)
+                json.dump({"version": MEMO_VERSION, "code": self.code, "entries": self.new}, fh)
             os.replace(tmp, self.path)
             tmp = None
         except OSError as exc:

@@ -122,6 +122,7 @@ class SshTransport(ExecTransport):
             self._owns_jump = True
         self._proxy_command = gateway if isinstance(gateway, str) else None
         self._lock = threading.Lock()
+        self._closed = False  # by close(): no reconnecting after that (e.g. from a thread)
         self._uid: int | None = 0 if self.user == "root" else None
 
     # -- connection ---------------------------------------------------------
@@ -154,6 +155,8 @@ class SshTransport(ExecTransport):
 
     def _ensure(self) -> paramiko.Transport:
         with self._lock:
+            if self._closed:
+                raise TransportError(f"{self._where()}: the connection was closed")
             transport = self._conn.client.get_transport()
             if transport is not None and transport.is_active():
                 return transport
@@ -247,6 +250,7 @@ class SshTransport(ExecTransport):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.client.close()
         if self._owns_jump and self._jump is not None:
             self._jump.close()
@@ -277,6 +281,8 @@ class SshTransport(ExecTransport):
         try:
             chan = transport.open_session(timeout=self.connect_timeout)
             chan.exec_command(script)
+        except paramiko.ChannelException as exc:  # refused (e.g. MaxSessions): the rest is fine
+            raise TransportError(f"{self._where()}: the server refused a session: {exc}") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self._conn.client.close()
             raise TransportError(f"{self._where()}: cannot start a command: {exc}") from exc
