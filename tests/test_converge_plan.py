@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ddtree_deploy import __version__
 from ddtree_deploy.config import load_config
 from ddtree_deploy.converge.hoststate import HostState, parse
@@ -119,3 +121,26 @@ def test_host_state_parse_gives_exact_unit_text() -> None:
     state = parse(out)
     assert state.units == {"a.service": text, "b.service": None}
     assert state.managed == {"a.service": "dep-a"} and state.pending == {"b.service"}
+
+
+def test_only_wheels_with_nvidia_library_folders_make_the_unit_gather_again(
+    tmp_path: Path,
+) -> None:
+    import zipfile
+
+    from ddtree_deploy.converge.runner import _adds_library_folders
+
+    def wheel(name: str, members: list[str]) -> Path:
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as zf:
+            for member in members:
+                zf.writestr(member, b"")
+        return path
+
+    ml_py = wheel("nvidia_ml_py-13.580.82-py3-none-any.whl",
+                  ["pynvml.py", "nvidia_ml_py-13.580.82.dist-info/RECORD"])
+    soundfile = wheel("soundfile-0.13.1-py2.py3-none-any.whl", ["soundfile.py"])
+    cudnn = wheel("nvidia_cudnn_cu13-9.13.0.50-py3-none-manylinux_2_27_x86_64.whl",
+                  ["nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cudnn/include/cudnn.h"])
+    assert not _adds_library_folders([ml_py, soundfile])
+    assert _adds_library_folders([soundfile, cudnn])

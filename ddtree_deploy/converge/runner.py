@@ -11,10 +11,14 @@ still owed by the next one.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddtree_deploy import __version__
 from ddtree_deploy.config import Config, HostSpec
@@ -27,6 +31,9 @@ from ddtree_deploy.facts.cache import FactsCache
 from ddtree_deploy.facts.gather import collect, gather
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.transport.base import ExecTransport
+
+if TYPE_CHECKING:
+    from ddtree_deploy.converge.lock import HostLock
 
 Report = Callable[[str], None]
 
@@ -94,6 +101,19 @@ class _Facts:
         self._facts = None
 
 
+def _adds_library_folders(wheels: list[Path]) -> bool:
+    """Whether a wheel puts files in nvidia/<component>/lib, the folders a unit's
+    LD_LIBRARY_PATH is made of (read from the wheels' zip directories)."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            if any(_NVIDIA_LIB.match(n) for n in zf.namelist()):
+                return True
+    return False
+
+
+_NVIDIA_LIB = re.compile(r"nvidia/[^/]+/lib/")
+
+
 def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: Step) -> None:
     p = step.params
     if step.kind in ("venv.create", "lane.overlay", "payload.deploy", "unit.install"):
@@ -134,8 +154,8 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
             wheels = installer.wheelhouse([installer.Requirement(p["requirement"], False)],
                                           python_version=pyver, glibc=now.host_info.glibc)
         installer.install(t, p["venv"], pinned(wheels), wheels, sudo=host.use_sudo)
-        if any(w.name.lower().startswith("nvidia") for w in wheels):
-            facts.stale()  # new library folders: the unit's LD_LIBRARY_PATH must see them
+        if _adds_library_folders(wheels):
+            facts.stale()  # new nvidia/*/lib folders: the unit's LD_LIBRARY_PATH must see them
     elif step.kind == "payload.deploy":
         from ddtree_deploy.payload.deploy import deploy
         from ddtree_deploy.payload.manifest import load_manifest
@@ -169,8 +189,7 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
     FactsCache().drop(host)
 
 
-def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float,
-           on_status: Callable[[str], None] | None = None) -> str:
+def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float) -> str:
     from ddtree_deploy.health.probe import ProbeTarget, probe_service
     from ddtree_deploy.service import install
     from ddtree_deploy.service.spec import PORT_KEY
@@ -180,59 +199,12 @@ def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float,
     if not ports:
         raise DeployError(f"{host.name}: {unit} has no port in its unit")
     verdict = probe_service(t, ProbeTarget(port=int(ports[0]), unit=unit, host=host.name),
-                            deadline_s=deadline, on_status=on_status)
+                            deadline_s=deadline)
     if verdict.status != "healthy":
         why = "; ".join(f"{m.diagnosis} (fix: {m.remedy})" for m in verdict.diagnosis)
         raise DeployError(f"{host.name}: {unit} is {verdict.status}: {verdict.reason}"
                           + (f" — {why}" if why else ""))
     return verdict.reason
-
-
-class _Stopped(Exception):
-    """A health probe told to stop: its verdict is no longer wanted."""
-
-
-class _Probes:
-    """The health probes of a round's units, one after another in one thread on the apply's
-    connection (one channel besides the re-check's), started as soon as the round's steps are
-    done so that the round's check (facts, plan) runs while they wait for the services.
-    Read-only; stop() ends them at their next poll."""
-
-    def __init__(self, t: ExecTransport, host: HostSpec, units: list[str],
-                 deadline: float) -> None:
-        self.units = units
-        self.results: dict[str, tuple[str | None, BaseException | None, float]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._all, args=(t, host, deadline), daemon=True)
-        self._thread.start()
-
-    def _check(self, _status: str) -> None:
-        if self._stop.is_set():
-            raise _Stopped
-
-    def _all(self, t: ExecTransport, host: HostSpec, deadline: float) -> None:
-        for unit in self.units:
-            started = time.monotonic()
-            try:
-                reason: str | None = _probe(t, host, unit, deadline, self._check)
-                error: BaseException | None = None
-            except _Stopped:
-                return
-            except Exception as exc:  # kept for verdict(): never lost in the thread
-                reason, error = None, exc
-            self.results[unit] = (reason, error, time.monotonic() - started)
-
-    def verdict(self, unit: str) -> tuple[str, float]:
-        self._thread.join()
-        reason, error, seconds = self.results[unit]
-        if error is not None:
-            raise error
-        assert reason is not None
-        return reason, seconds
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
 
 MAX_ROUNDS = 6
@@ -241,72 +213,88 @@ MAX_ROUNDS = 6
 def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = None,
                report: Report = lambda _m: None, probe_deadline: float = 120.0,
                on_plan: Callable[[list[Step]], None] | None = None) -> HostRun:
-    """Under the host's lock and over one connection: rounds of plan on fresh facts, run every
+    """Under the host's lock, over one connection: rounds of plan on fresh facts, run every
     pending step in order (the planner already planned later steps on what earlier ones
     produce), until a round's plan is empty; a step still pending in the round after it ran
-    fails the run. Then the verdict of each service's health probe, which starts as soon as a
-    round's steps are done and runs while that round is checked. `on_plan` sees the first
-    round's steps (made under the lock, so they are the ones that run)."""
+    fails the run. Then each service's health probe. `on_plan` sees the first round's steps
+    (made under the lock, so they are the ones that run)."""
     from ddtree_deploy.converge.lock import HostLock
 
     host = config.host(name)
     run = HostRun(name)
     t0 = time.monotonic()
-    probes: _Probes | None = None
-    with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
-            open_transport(config, host) as t:
-        try:
-            facts = _Facts(config, host, t)
-            steps, print_ = _plan_on(config, host, facts.fresh(), t)
-            if expected_fingerprint is not None and print_ != expected_fingerprint:
-                raise RefusedError(f"{name}: the facts changed since the plan was made; "
-                                   "make a new plan (ddtree-deploy plan)")
-            if on_plan is not None:
-                on_plan(steps)
-            ran: set[tuple[str, str, str]] = set()
-            for _ in range(MAX_ROUNDS):
-                pending = [s for s in steps if s.pending]
-                if not pending:
-                    break
-                if probes is not None:
-                    probes.stop()  # a new round: their verdict would be of the old state
-                    probes = None
-                for step in pending:
-                    key = (step.kind, step.deployment, step.title)
-                    if key in ran:
-                        raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not "
-                                          f"take effect ({step.reason})")
-                    lock.check()
-                    report(f"{name}: {step.kind}: {step.title} — {'; '.join(step.changes)}")
-                    started = time.monotonic()
-                    try:
-                        _act(config, host, t, facts, step)
-                    except DeployError as exc:
-                        raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
-                                          f"{exc.message}", hint=exc.hint) from exc
-                    run.timings.append((step.kind, time.monotonic() - started))
-                    run.done.append(step)
-                    ran.add(key)
-                units = [s.params["unit"] for s in steps if s.kind == "service.probe"]
-                probes = _Probes(t, host, units, probe_deadline) if units else None
-                now = facts.fresh()
-                FactsCache().save(host, now)  # what the host is now: the next plan starts here
-                steps, _ = _plan_on(config, host, now, t)
-            else:
-                raise DeployError(f"{name}: did not converge in {MAX_ROUNDS} rounds")
-            for step in steps:
-                if step.kind == "service.probe":
-                    unit = step.params["unit"]
-                    report(f"{name}: probing {unit}")
-                    if probes is not None and unit in probes.units:
-                        run.verdict, seconds = probes.verdict(unit)
-                    else:
-                        started = time.monotonic()
-                        run.verdict = _probe(t, host, unit, probe_deadline)
-                        seconds = time.monotonic() - started
-                    run.timings.append(("service.probe", seconds))
-        finally:
-            if probes is not None:
-                probes.stop()
+    with open_transport(config, host) as t, open_transport(config, host) as lock_t:
+        connecting = _Connect(t)  # the work connection's handshake overlaps the lock's
+        with HostLock(lock_t, host) as lock:
+            connecting.join()
+            _converge(config, host, t, lock, run, expected_fingerprint, report,
+                      probe_deadline, on_plan)
     run.total_s = time.monotonic() - t0
+    return run
+
+
+class _Connect(threading.Thread):
+    """Opens a transport's connection in the background; join() re-raises its error."""
+
+    def __init__(self, t: ExecTransport) -> None:
+        super().__init__(daemon=True)
+        self.t = t
+        self.error: Exception | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.t.connect()
+        except Exception as exc:  # re-raised by join()
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, run: HostRun,
+              expected_fingerprint: str | None, report: Report, probe_deadline: float,
+              on_plan: Callable[[list[Step]], None] | None) -> HostRun:
+    name = host.name
+    facts = _Facts(config, host, t)
+    steps, print_ = _plan_on(config, host, facts.fresh(), t)
+    if expected_fingerprint is not None and print_ != expected_fingerprint:
+        raise RefusedError(f"{name}: the facts changed since the plan was made; "
+                           "make a new plan (ddtree-deploy plan)")
+    if on_plan is not None:
+        on_plan(steps)
+    ran: set[tuple[str, str, str]] = set()
+    for _ in range(MAX_ROUNDS):
+        pending = [s for s in steps if s.pending]
+        if not pending:
+            break
+        for step in pending:
+            key = (step.kind, step.deployment, step.title)
+            if key in ran:
+                raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not "
+                                  f"take effect ({step.reason})")
+            lock.check()
+            report(f"{name}: {step.kind}: {step.title} — {'; '.join(step.changes)}")
+            started = time.monotonic()
+            try:
+                _act(config, host, t, facts, step)
+            except DeployError as exc:
+                raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
+                                  f"{exc.message}", hint=exc.hint) from exc
+            run.timings.append((step.kind, time.monotonic() - started))
+            run.done.append(step)
+            ran.add(key)
+        now = facts.fresh()
+        FactsCache().save(host, now)  # what the host is now: the next plan starts here
+        steps, _ = _plan_on(config, host, now, t)
+    else:
+        raise DeployError(f"{name}: did not converge in {MAX_ROUNDS} rounds")
+    for step in steps:
+        if step.kind == "service.probe":
+            report(f"{name}: probing {step.params['unit']}")
+            started = time.monotonic()
+            run.verdict = _probe(t, host, step.params["unit"], probe_deadline)
+            run.timings.append(("service.probe", time.monotonic() - started))
     return run
