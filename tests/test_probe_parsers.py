@@ -80,10 +80,14 @@ def test_parser_on_fixture(fact: str, case: str) -> None:
 
 
 def test_dead_gpu_is_dead_only_through_error_cells() -> None:
-    ok = "0, GPU-a, NVIDIA H200, 143771, 0, 9.0, 00000000:00:06.0, 41, 0, P0"
-    na = "0, GPU-a, NVIDIA H200, [N/A], [N/A], 9.0, 00000000:00:06.0, [N/A], [Not Supported], P0"
-    err = "0, GPU-a, NVIDIA H200, 143771, 0, 9.0, 00000000:00:06.0, ERR!, [GPU requires reset], P0"
+    ok = "0, GPU-a, NVIDIA H200, 143771, 0, 9.0, 00000000:00:06.0, 41, 0, P0, 580.159.04"
+    na = ("0, GPU-a, NVIDIA H200, [N/A], [N/A], 9.0, 00000000:00:06.0, [N/A], [Not Supported], "
+          "P0, 580.159.04")
+    err = ("0, GPU-a, NVIDIA H200, 143771, 0, 9.0, 00000000:00:06.0, ERR!, [GPU requires reset], "
+           "P0, 580.159.04")
     assert pp.parse_smi_gpus(ok)[0]["dead"] is False
+    assert pp.smi_driver_version(ok) == pp.smi_driver_version(err) == "580.159.04"
+    assert pp.smi_driver_version(ok, query=pp.GPU_QUERY.replace(",driver_version", "")) is None
     healthy_na = pp.parse_smi_gpus(na)[0]
     assert (healthy_na["dead"], healthy_na["memory_total_mib"]) == (False, None)
     dead = pp.parse_smi_gpus(err)[0]
@@ -177,3 +181,10 @@ def test_torch_version_py_is_never_run(tmp_path: Path) -> None:
     text = f"open({str(marker)!r}, 'w').write('x')\n__version__ = '2.11.0+cu130'\ncuda = '13.0'\n"
     assert pp.parse_torch_version_py(text) == {"version": "2.11.0+cu130", "cuda": "13.0"}
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("case", ["h200_12fields_with_apps_header", "h200_15fields_header_units",
+                                  "h200_15fields_noheader", "h200_busy_15fields"])
+def test_driver_version_from_real_query_gpu_output(case: str) -> None:
+    data = json.loads((FACTS / "nvidia_smi_gpus" / f"{case}.json").read_text())
+    assert pp.smi_driver_version(data["output"], data["query"]) == "580.159.04"

@@ -179,6 +179,33 @@ def test_probe_without_nvidia_smi_or_systemctl(host: dict[str, Path]) -> None:
     assert venv is not None and venv.torch is not None and venv.torch.cuda == "13.0"
 
 
+def test_cuda_version_from_libcuda_spares_the_summary_table(host: dict[str, Path]) -> None:
+    """With libcuda loadable, the CUDA version comes from cuDriverGetVersion (the lab's
+    stand-in libcuda answers as a driver speaking 12.8 here) and the driver version from the
+    GPU query: nvidia-smi is called twice, never for its summary table."""
+    from ddtree_deploy.lab.standin_wheels import build_libcuda
+
+    env = fake_smi(host["bin"], CT129, host["tmp"])
+    calls = host["tmp"] / "smi-calls"
+    smi = host["bin"] / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n' + smi.read_text().split("\n", 1)[1])
+    libs = host["tmp"] / "driver-libs"
+    libs.mkdir()
+    build_libcuda(libs / "libcuda.so.1", driver_api=12080)
+    facts = Facts.model_validate(run_probe(
+        ["--venv", str(host["good"])], [host["bin"], Path("/usr/bin"), Path("/bin")],
+        {**env, "LD_LIBRARY_PATH": str(libs)}))
+    assert (facts.nvidia.driver_version, facts.nvidia.cuda_version) == ("580.95.05", "12.8")
+    assert facts.nvidia.error is None and len(facts.nvidia.gpus) == 2
+    made = calls.read_text().splitlines()
+    assert len(made) == 2 and all(c.startswith("--query-") for c in made)
+    calls.unlink()
+    without = Facts.model_validate(run_probe([], [host["bin"], Path("/usr/bin"), Path("/bin")],
+                                             env))  # no libcuda: the table says 13.0
+    assert (without.nvidia.driver_version, without.nvidia.cuda_version) == ("580.95.05", "13.0")
+    assert "" in calls.read_text().splitlines()  # the plain `nvidia-smi` call
+
+
 def test_nvidia_smi_failing_entirely(host: dict[str, Path]) -> None:
     env = fake_smi(host["bin"], CT129, host["tmp"])
     env["DDTREE_LAB_GPU_SPEC"] = str(host["tmp"] / "absent.json")  # "couldn't communicate"

@@ -14,7 +14,8 @@ from typing import Any
 
 GPU_QUERY = (
     "index,uuid,name,memory.total,memory.used,compute_cap,pci.bus_id,"
-    "temperature.gpu,utilization.gpu,pstate"  # these read "[Unknown Error]" on a dead GPU
+    "temperature.gpu,utilization.gpu,pstate,"  # these read "[Unknown Error]" on a dead GPU
+    "driver_version"
 )
 APPS_QUERY = "pid,process_name,used_memory,gpu_uuid"
 # Values that mean "not available" rather than "broken".
@@ -101,6 +102,18 @@ def parse_smi_gpus(text: str, query: str = GPU_QUERY) -> list[dict[str, Any]]:
             }
         )
     return sorted(gpus, key=lambda g: g["index"])
+
+
+def smi_driver_version(text: str, query: str = GPU_QUERY) -> str | None:
+    """The driver version from a `--query-gpu` answer that asked for driver_version (the
+    first GPU that states one)."""
+    if "driver_version" not in query.split(","):
+        return None
+    for row in _csv_rows(text, query.split(","), "name"):
+        value = _smi_text(row.get("driver_version", ""))
+        if value and re.fullmatch(r"[0-9][0-9.]*", value):
+            return value
+    return None
 
 
 def parse_smi_apps(text: str, query: str = APPS_QUERY) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddtree_deploy.lab import container, standin_dist, standin_wheels
 from ddtree_deploy.lab.sysrun import sh
-from ddtree_deploy.lab.topology import LabHost
+from ddtree_deploy.lab.topology import CUDA_VERSION, LabHost
 from ddtree_deploy.lab.wheelhouse import expand
 
 STANDIN_DIR = Path(__file__).resolve().parent / "standin"
@@ -66,7 +66,9 @@ def layer_files(host: LabHost, work: Path) -> list[FileSpec]:
         ("/usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755),
         ("/etc/ssh/sshd_config.d/ddtree-lab.conf", SSHD_CONF, 0o644),
     ]
-    libcuda = standin_wheels.build_libcuda(work / "libcuda.so.1")
+    major, minor = (int(x) for x in CUDA_VERSION.split("."))  # what the GPU spec says
+    libcuda = standin_wheels.build_libcuda(work / "libcuda.so.1",
+                                           driver_api=major * 1000 + minor * 10)
     files.append(("/usr/lib/x86_64-linux-gnu/libcuda.so.1", libcuda.read_bytes(), 0o755))
     files += standin_dist.host_files(host.kind)
     if host.nvcc_release:
