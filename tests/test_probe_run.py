@@ -300,3 +300,22 @@ def test_bad_arguments_give_usage_not_traceback() -> None:
                           capture_output=True, timeout=30, check=False)  # fmt: skip
     assert proc.returncode == 2
     assert b"Traceback" not in proc.stderr and b"unrecognized arguments" in proc.stderr
+
+
+def test_the_extension_walk_keeps_its_time_budget(tmp_path: Path) -> None:
+    from ddtree_deploy.facts.probe_venv import scan_extensions, shared_objects
+
+    sp = tmp_path / "site-packages"
+    for rel in ("a/x.so", "a/b/y.so.1", "nvidia/cu13/lib/libcudart.so.13", "a/__pycache__/z.so",
+                "c.dist-info/w.so", "a/b/readme.txt"):
+        (sp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sp / rel).write_bytes(b"not an ELF file")
+    (sp / "a" / "link.so").symlink_to(sp / "a" / "x.so")
+    assert shared_objects(str(sp)) == (["a/b/y.so.1", "a/x.so"], True)
+    entries, problem = scan_extensions(str(sp), {"a/x.so": "pkg"})
+    assert problem is None
+    assert [(e["path"], e["distribution"], bool(e.get("error"))) for e in entries] == [
+        ("a/b/y.so.1", None, True), ("a/x.so", "pkg", True)]  # fmt: skip
+    assert shared_objects(str(sp), deadline=time.monotonic() - 1) == ([], False)
+    entries, problem = scan_extensions(str(sp), {}, budget_s=0.0)
+    assert entries == [] and problem == "extension scan stopped after 0s (partial list)"

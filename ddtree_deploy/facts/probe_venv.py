@@ -152,7 +152,10 @@ def scan_extensions(
     memo = memo or Memo()
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + budget_s
-    for rel in shared_objects(sp):
+    found, complete = shared_objects(sp, deadline)
+    if not complete:
+        return out, f"extension scan stopped after {budget_s:.0f}s (partial list)"
+    for rel in found:
         full = os.path.join(sp, rel)
         entry = memo.derive("elf", full, [full], extension_entry, sp, rel, None)
         if entry is not None:
@@ -162,12 +165,15 @@ def scan_extensions(
     return out, None
 
 
-def shared_objects(sp: str) -> list[str]:
+def shared_objects(sp: str, deadline: float | None = None) -> tuple[list[str], bool]:
     """Relative paths of the shared objects under site-packages, sorted: not symlinks, not in
-    __pycache__, the top-level nvidia/ and *.dist-info left out."""
+    __pycache__, the top-level nvidia/ and *.dist-info left out; and whether the walk finished
+    before `deadline` (monotonic)."""
     found: list[str] = []
     stack: list[tuple[str, str]] = [("", sp)]
     while stack:
+        if deadline is not None and time.monotonic() > deadline:
+            return sorted(found), False
         rel, path = stack.pop()
         try:
             with os.scandir(path) as it:
@@ -181,7 +187,7 @@ def shared_objects(sp: str) -> list[str]:
                         found.append(rel + e.name)
         except OSError:
             continue
-    return sorted(found)
+    return sorted(found), True
 
 
 def nvidia_layout(sp: str) -> dict[str, Any]:
