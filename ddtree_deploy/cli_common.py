@@ -35,9 +35,9 @@ def hosts_or_all(config: Config, names: list[str] | None) -> list[str]:
 def print_json(console: Console, data: object) -> None:
     """JSON for machines: plain text when stdout is a pipe or a file (fast, nothing to strip),
     highlighted by rich on a terminal. `data` is a JSON-able value or a JSON text."""
-    text = data if isinstance(data, str) else json.dumps(data)
+    value = json.loads(data) if isinstance(data, str) else data
     if console.is_terminal:
-        console.print_json(text)
+        console.print_json(data=value)
     else:
-        console.file.write(json.dumps(json.loads(text), indent=2) + "\n")
+        console.file.write(json.dumps(value, indent=2) + "\n")
         console.file.flush()

@@ -12,7 +12,6 @@ still owed by the next one.
 from __future__ import annotations
 
 import re
-import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -182,8 +181,8 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
         install.down(t, p["unit"], remove=True)
         hoststate.clear_pending(t, p["unit"])
     # What later steps read from the facts: the venv's python and distributions (package
-    # installs) and its library folders, GPUs and ports (the unit). Installing a package (the
-    # lane's own distributions are never among them) or the payload changes none of those.
+    # installs) and its library folders, GPUs and ports (the unit). The payload changes none
+    # of those; a package install only the library folders, handled above.
     if step.kind not in ("package.install", "payload.deploy"):
         facts.stale()
     FactsCache().drop(host)
@@ -213,45 +212,23 @@ MAX_ROUNDS = 6
 def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = None,
                report: Report = lambda _m: None, probe_deadline: float = 120.0,
                on_plan: Callable[[list[Step]], None] | None = None) -> HostRun:
-    """Under the host's lock, over one connection: rounds of plan on fresh facts, run every
-    pending step in order (the planner already planned later steps on what earlier ones
-    produce), until a round's plan is empty; a step still pending in the round after it ran
-    fails the run. Then each service's health probe. `on_plan` sees the first round's steps
-    (made under the lock, so they are the ones that run)."""
+    """Under the host's lock (held on a connection of its own), over one more connection:
+    rounds of plan on fresh facts, run every pending step in order (the planner already
+    planned later steps on what earlier ones produce), until a round's plan is empty; a step
+    still pending in the round after it ran fails the run. Then each service's health probe.
+    `on_plan` sees the first round's steps (made under the lock, so they are the ones that
+    run)."""
     from ddtree_deploy.converge.lock import HostLock
 
     host = config.host(name)
     run = HostRun(name)
     t0 = time.monotonic()
-    with open_transport(config, host) as t, open_transport(config, host) as lock_t:
-        connecting = _Connect(t)  # the work connection's handshake overlaps the lock's
-        with HostLock(lock_t, host) as lock:
-            connecting.join()
-            _converge(config, host, t, lock, run, expected_fingerprint, report,
-                      probe_deadline, on_plan)
+    with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
+            open_transport(config, host) as t:
+        _converge(config, host, t, lock, run, expected_fingerprint, report, probe_deadline,
+                  on_plan)
     run.total_s = time.monotonic() - t0
     return run
-
-
-class _Connect(threading.Thread):
-    """Opens a transport's connection in the background; join() re-raises its error."""
-
-    def __init__(self, t: ExecTransport) -> None:
-        super().__init__(daemon=True)
-        self.t = t
-        self.error: Exception | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.t.connect()
-        except Exception as exc:  # re-raised by join()
-            self.error = exc
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
 
 
 def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, run: HostRun,

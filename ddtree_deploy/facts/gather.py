@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ try:
 except Exception:  # no usable cache: run it as sent
     probe = type(sys)("probe")
     exec(compile(src, "<probe>", "exec"), probe.__dict__)
-sys.exit(probe.main(sys.argv[1:]))
+sys.exit(probe.main(sys.argv[1:] + ["--memo-code", name]))  # its memo is this version's
 """
 
 
@@ -79,14 +78,12 @@ def model_paths(config: Config, spec: HostSpec) -> list[str]:
 def probe_command(
     spec: HostSpec, extra_venvs: list[str] | None = None, models: list[str] | None = None
 ) -> Command:
-    source = probe_source()
-    code = hashlib.sha256(source.encode()).hexdigest()[:16]
-    args = ["--host-name", spec.name, "--discover", "--memo-code", code]
+    args = ["--host-name", spec.name, "--discover"]
     for path in [*(str(v.path) for v in spec.venvs.values()), *(extra_venvs or [])]:
         args += ["--venv", path]
     for path in models or []:
         args += ["--model", path]
-    return Command(argv=("python3", "-c", PROBE_BOOT, *args), stdin=source.encode())
+    return Command(argv=("python3", "-c", PROBE_BOOT, *args), stdin=probe_source().encode())
 
 
 def parse_output(host: str, stdout: str, duration: float) -> Facts:

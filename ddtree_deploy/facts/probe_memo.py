@@ -72,20 +72,16 @@ class Memo:
                keep: Callable[[Any], bool] | None = None) -> Any:
         """fn(*args)'s value, computed from the files `deps` and nothing else (a JSON value).
         keep(value) False: use the value but do not remember it (e.g. a timeout)."""
-        signed = [[d, file_sig(d)] for d in deps]  # signed before reading: a write races safely
-        full = kind + "\0" + key
-        old = self.old.get(full)
-        if isinstance(old, dict) and old.get("deps") == signed and "value" in old:
-            return self._hit(full, old)
-        value = fn(*args)
-        if keep is not None and not keep(value):
-            self.misses += 1
-            return value
-        return self._store(full, signed, value)
 
-    def derive_tracked(
-        self, kind: str, key: str, fn: Callable[[Callable[[str], None]], Any]
-    ) -> Any:
+        def compute(track: Callable[[str], None]) -> Any:
+            for dep in deps:  # signed before reading: a write while fn reads races safely
+                track(dep)
+            return fn(*args)
+
+        return self.derive_tracked(kind, key, compute, keep=keep)
+
+    def derive_tracked(self, kind: str, key: str, fn: Callable[[Callable[[str], None]], Any],
+                       keep: Callable[[Any], bool] | None = None) -> Any:
         """Like derive when the files are found while computing: fn(track) calls track(path)
         for each file it is about to read or look for."""
         full = kind + "\0" + key
@@ -94,6 +90,9 @@ class Memo:
             return self._hit(full, old)
         signed: list[list[Any]] = []
         value = fn(lambda path: signed.append([path, file_sig(path)]))
+        if keep is not None and not keep(value):
+            self.misses += 1
+            return value
         return self._store(full, signed, value)
 
     @staticmethod

@@ -242,10 +242,6 @@ class ExecTransport(ABC):
     def _is_root(self) -> bool:
         """Whether commands already run as root on the far side."""
 
-    def connect(self) -> None:
-        """Open the connection now rather than on the first command (no-op where there is none)."""
-        return None
-
     def close(self) -> None:  # pragma: no cover - overridden where there is state
         return None
 

@@ -248,9 +248,6 @@ class SshTransport(ExecTransport):
             )
         return TransportError(f"{self._where()}: SSH connection failed: {text}")
 
-    def connect(self) -> None:
-        self._ensure()
-
     def close(self) -> None:
         with self._lock:
             self._closed = True
