@@ -1,4 +1,4 @@
-"""`ddtree-deploy hosts list | check | trust` (thin: parse, call, render).
+"""`ddtree-deploy hosts list | check | trust | disconnect` (thin: parse, call, render).
 
 HOST is a name from the hosts file; `trust` also takes `addr`, `addr:port` or
 `[addr]:port` for a host not in the file (keys then go to ~/.ssh/known_hosts).
@@ -169,3 +169,24 @@ def trust(
     else:
         typer.echo(f"{shown} NOT recorded (not confirmed)", err=True)
         raise typer.Exit(1)
+
+
+@app.command("disconnect")
+def disconnect(
+    ctx: typer.Context,
+    hosts: list[str] = typer.Argument(None, help="hosts whose connection to end (default: all)"),
+) -> None:
+    """End the OpenSSH master connections that facts gathering keeps open (ssh_persist)."""
+    from ddtree_deploy.connect import openssh_transport
+    from ddtree_deploy.transport import openssh
+
+    if not openssh.available():
+        out.print("no OpenSSH client here: no kept connections")
+        return
+    config = config_of(ctx)
+    for name in hosts_or_all(config, hosts):
+        spec = config.host(name)
+        if spec.is_local:
+            continue
+        ended = openssh_transport(spec).disconnect()
+        out.print(f"{name}: {'connection ended' if ended else 'no kept connection'}")

@@ -97,6 +97,12 @@ def _positive(value: float) -> float:
     return value
 
 
+def _non_negative(value: float) -> float:
+    if value < 0:
+        raise ValueError("must be a number of seconds, 0 or more")
+    return value
+
+
 def _fraction(value: float) -> float:
     if not 0 < value < 1:
         raise ValueError("must be between 0 and 1 (exclusive)")
@@ -202,6 +208,7 @@ NonNegInt = Annotated[int, AfterValidator(_ranged(0))]
 PosInt = Annotated[int, AfterValidator(_ranged(1))]
 TreeSize = Annotated[int, AfterValidator(_ranged(1, 1024))]
 Seconds = Annotated[float, AfterValidator(_positive)]
+NonNegSeconds = Annotated[float, AfterValidator(_non_negative)]
 Fraction = Annotated[float, AfterValidator(_fraction)]
 ItemName = Annotated[
     str, BeforeValidator(_text("a name")),
@@ -294,6 +301,9 @@ class HostSpec(_Model):
     known_hosts: LocalPath = Field(default_factory=lambda: Path.home() / ".ssh" / "known_hosts")
     connect_timeout: Seconds = 10.0
     command_timeout: Seconds = 600.0
+    # Reads (facts) go through an OpenSSH master connection kept open this long after its
+    # last use, as Ansible does; 0: a new connection each time (paramiko).
+    ssh_persist: NonNegSeconds = 60.0
     sudo: Sudo = "auto"
     gpus: GpuSpec | None = None
     venvs: dict[ItemName, VenvSpec] = Field(default_factory=dict)

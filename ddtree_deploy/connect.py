@@ -6,14 +6,26 @@ from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.transport.base import ExecTransport
 
 
-def open_transport(config: Config, host: HostSpec | str) -> ExecTransport:
-    """A transport to `host` (connected lazily, on first use). Jump hosts chain."""
-    from ddtree_deploy.transport.local import LocalTransport
-    from ddtree_deploy.transport.ssh import SshTransport
+def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False) -> ExecTransport:
+    """A transport to `host` (connected lazily, on first use). Jump hosts chain.
 
+    reuse: for short reads (the facts probe): an OpenSSH master connection kept open
+    between runs (the host's ssh_persist seconds), where the host allows it: ssh_persist
+    above 0, no jump host, and the OpenSSH client installed. Otherwise, and for everything
+    else, one paramiko connection of its own.
+    """
     spec = config.host(host) if isinstance(host, str) else host
     if spec.is_local:
+        from ddtree_deploy.transport.local import LocalTransport
+
         return LocalTransport(host=spec.name)
+    if reuse and spec.ssh_persist > 0 and spec.jump is None:
+        from ddtree_deploy.transport import openssh
+
+        if openssh.available():
+            return openssh_transport(spec)
+    from ddtree_deploy.transport.ssh import SshTransport
+
     jump = open_transport(config, spec.jump) if spec.jump else None
     if jump is not None and not isinstance(jump, SshTransport):
         jump = None  # a local "jump" is no hop at all
@@ -25,6 +37,23 @@ def open_transport(config: Config, host: HostSpec | str) -> ExecTransport:
         identity_file=spec.identity_file,
         connect_timeout=spec.connect_timeout,
         jump=jump,
+        load_ssh_config=spec.ssh_alias is not None,
+        name=spec.name,
+    )
+
+
+def openssh_transport(spec: HostSpec) -> ExecTransport:
+    """The host's OpenSSH transport (its master connection kept ssh_persist seconds)."""
+    from ddtree_deploy.transport.openssh import OpenSshTransport
+
+    return OpenSshTransport(
+        spec.target,
+        known_hosts=spec.known_hosts,
+        port=spec.port if spec.address else None,
+        user=spec.user if spec.address else None,
+        identity_file=spec.identity_file,
+        connect_timeout=spec.connect_timeout,
+        persist=spec.ssh_persist,
         load_ssh_config=spec.ssh_alias is not None,
         name=spec.name,
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PARTS = ("probe_parse.py", "probe_elf.py", "probe_memo.py", "probe_venv.py", "probe_sglang.py",
-         "probe_sys.py", "probe.py")  # fmt: skip
+         "probe_nvml.py", "probe_sys.py", "probe.py")  # fmt: skip
 INTERNAL = "ddtree_deploy.facts.probe"
 
 

@@ -104,14 +104,14 @@ def parse_output(host: str, stdout: str, duration: float) -> Facts:
 
 def gather(config: Config, spec: HostSpec, extra_venvs: list[str] | None = None,
            *, transport: ExecTransport | None = None) -> Facts:
-    """Run the probe on the host: over `transport` when given (kept open), else over a new
-    connection closed afterwards."""
+    """Run the probe on the host: over `transport` when given, else over the host's
+    connection for reads (an OpenSSH master kept open between runs, where allowed)."""
     cmd = probe_command(spec, extra_venvs, model_paths(config, spec))
     timeout = min(spec.command_timeout, PROBE_TIMEOUT_S)
     if transport is not None:
         result = transport.run(cmd, timeout=timeout)
     else:
-        with open_transport(config, spec) as t:
+        with open_transport(config, spec, reuse=True) as t:
             result = t.run(cmd, timeout=timeout)
     if result.exit_code == 127 or "python3: not found" in result.stderr:
         raise RemoteCommandError(f"{spec.name}: python3 is not installed on the host; "

@@ -64,7 +64,8 @@ class Gpu(BaseModel):
 
 
 class NvidiaInfo(Part):
-    present: bool = False  # nvidia-smi found and answered
+    present: bool = False  # NVML (or nvidia-smi) found and answered
+    source: str | None = None  # "nvml" or "nvidia-smi": where the GPU facts came from
     driver_version: str | None = None  # "580.95.05"
     cuda_version: str | None = None  # the CUDA version the driver supports, "13.0"
     gpus: list[Gpu] = Field(default_factory=list)

@@ -1,6 +1,7 @@
 """The probe's host-wide parts: host info, NVIDIA driver and GPUs, units and TCP listeners.
 
-Every sub-command is bounded by a timeout; the three nvidia-smi calls run in parallel.
+Every sub-command is bounded by a timeout; GPUs come from NVML, else from nvidia-smi calls
+run in parallel.
 Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
 """
 
@@ -15,6 +16,7 @@ import subprocess
 import time
 from typing import Any
 
+from ddtree_deploy.facts.probe_nvml import nvml_info
 from ddtree_deploy.facts.probe_parse import (
     APPS_QUERY,
     GPU_QUERY,
@@ -249,12 +251,16 @@ def cuda_driver_version(lib: str = "libcuda.so.1") -> str | None:
 
 
 def nvidia_info(ports_by_pid: dict[int, list[int]], smi: str = "nvidia-smi",
-                libcuda: str = "libcuda.so.1") -> dict[str, Any]:
-    """Driver, CUDA version and GPUs (dead ones with the error) from two parallel nvidia-smi
-    queries and libcuda; the summary table (the slowest call: 0.1 s on a real H200) only for
-    the CUDA version where libcuda cannot tell it."""
-    info: dict[str, Any] = {"present": False, "driver_version": None, "cuda_version": None,
-                            "gpus": [], "error": None}  # fmt: skip
+                libcuda: str = "libcuda.so.1", nvml: str = "libnvidia-ml.so.1") -> dict[str, Any]:
+    """Driver, CUDA version and GPUs (dead ones with the error) from NVML (probe_nvml.py);
+    where NVML does not start, from two parallel nvidia-smi queries and libcuda, and the
+    summary table (the slowest call: 0.1 s on a real H200) only for the CUDA version where
+    libcuda cannot tell it."""
+    found = nvml_info(ports_by_pid, proc_unit, nvml)
+    if found is not None:
+        return found
+    info: dict[str, Any] = {"present": False, "source": "nvidia-smi", "driver_version": None,
+                            "cuda_version": None, "gpus": [], "error": None}  # fmt: skip
     fmt = "--format=csv,noheader,nounits"
     procs = [
         start_cmd([smi, "--query-gpu=" + GPU_QUERY, fmt]),

@@ -256,3 +256,7 @@ def sglang_kernel_specs(with_libnuma: bool = False) -> dict[str, SharedObject]:
 def libcuda_spec(device_count: int, driver_api: int) -> SharedObject:
     macros = (("DEVICE_COUNT", str(device_count)), ("DRIVER_API_VERSION", str(driver_api)))
     return SharedObject("libcuda.c", _C, soname="libcuda.so.1", defines=macros)
+
+
+def libnvml_spec() -> SharedObject:
+    return SharedObject("libnvml.c", _C, soname="libnvidia-ml.so.1")

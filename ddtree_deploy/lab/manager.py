@@ -76,11 +76,29 @@ def _require_root() -> None:
         raise LabError("the lab needs root (systemd-nspawn, mounts, network namespaces)")
 
 
+def _end_kept_connection(address: str) -> bool:
+    """End the OpenSSH master the tool keeps to a lab host (facts: ssh_persist), if any."""
+    from ddtree_deploy.config_schema import HostSpec
+    from ddtree_deploy.connect import openssh_transport
+    from ddtree_deploy.transport import openssh
+
+    if not openssh.available():
+        return False
+    spec = HostSpec(name=address, address=address,
+                    identity_file=str(lab_state_dir() / "id_ed25519"),
+                    known_hosts=str(lab_state_dir() / "known_hosts"))
+    return openssh_transport(spec).disconnect()
+
+
 def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:
     """Stop every lab container and remove mounts, namespaces and run folders."""
     _require_root()
     removed: list[str] = []
     run_root = lab_state_dir() / "run"
+    for host in _load_state():
+        if _end_kept_connection(host.address):
+            report(f"ended the kept SSH connection to {host.name}")
+            removed.append(f"ssh master {host.name}")
     pids = {h.pid for h in _load_state()} | set(container.nspawn_pids_for(run_root))
     for pid in sorted(pids):
         if container.pid_alive(pid) and any(

@@ -61,7 +61,7 @@ def layer_files(host: LabHost, work: Path) -> list[FileSpec]:
     files: list[FileSpec] = [
         # The stand-in is a module behind a small launcher, so its bytecode is cached after
         # the first call (a script run directly is compiled every time): the real nvidia-smi
-        # is a native program, and the probe calls it three times per inventory.
+        # is a native program. The probe asks NVML (the libnvidia-ml stand-in below) first.
         ("/usr/lib/ddtree-lab/nvidia_smi.py", (STANDIN_DIR / "nvidia_smi.py").read_bytes(), 0o644),
         ("/usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755),
         ("/etc/ssh/sshd_config.d/ddtree-lab.conf", SSHD_CONF, 0o644),
@@ -70,6 +70,8 @@ def layer_files(host: LabHost, work: Path) -> list[FileSpec]:
     libcuda = standin_wheels.build_libcuda(work / "libcuda.so.1",
                                            driver_api=major * 1000 + minor * 10)
     files.append(("/usr/lib/x86_64-linux-gnu/libcuda.so.1", libcuda.read_bytes(), 0o755))
+    libnvml = standin_wheels.build_libnvml(work / "libnvidia-ml.so.1")
+    files.append(("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", libnvml.read_bytes(), 0o755))
     files += standin_dist.host_files(host.kind)
     if host.nvcc_release:
         built, full, build = NVCC_RELEASES[host.nvcc_release]

@@ -33,6 +33,7 @@ from ddtree_deploy.lab.elfstub import (
     build_libs,
     compile_shared,
     libcuda_spec,
+    libnvml_spec,
     sglang_kernel_specs,
     torch_lib_specs,
 )
@@ -358,3 +359,9 @@ def build_libcuda(out_path: Path, *, device_count: int = 0, driver_api: int = 13
     if device_count < 0 or driver_api <= 0:
         raise LabError("device_count must be >= 0 and driver_api > 0")
     return compile_shared(libcuda_spec(device_count, driver_api), out_path)
+
+
+def build_libnvml(out_path: Path) -> Path:
+    """A stand-in libnvidia-ml.so.1 (NVML) that reads the nvidia-smi stand-in's GPU spec and
+    claims (standin/csrc/libnvml.c)."""
+    return compile_shared(libnvml_spec(), out_path)

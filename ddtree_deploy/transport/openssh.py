@@ -1,0 +1,310 @@
+"""Commands over the OpenSSH client, through a master connection kept open between runs.
+
+Reading a host (facts for inventory, doctor, plan) is one short command. A new SSH
+connection costs more than that command: key exchange and authentication on both ends,
+and on the host sshd's fork, PAM and a login session. Like Ansible, this transport keeps
+one OpenSSH master connection per host open for `persist` seconds after its last use
+(ControlMaster/ControlPersist), so later commands, also from later runs of the tool, open
+only a session on it.
+
+The master is started on first use and its errors are mapped here, where every exit 255
+is ssh's own: unreachable, host key unknown/changed/revoked, authentication. Host keys
+are checked by OpenSSH against the host's known_hosts file only, strictly (as the paramiko
+transport does). A command that exits 255 is the command's own status while the master
+still answers; otherwise the connection was lost.
+
+Masters' sockets live in a private folder of the user (mode 0700); `disconnect` ends them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from ddtree_deploy.errors import AuthError, HostKeyError, TransportError, UnreachableError
+from ddtree_deploy.transport.base import ExecTransport, RawOutcome
+from ddtree_deploy.transport.local import _pump_in, _pump_out
+
+SSH_LOST = 255  # what ssh exits with when it, not the command, failed
+
+
+def control_dir() -> Path:
+    """The user's private folder for master sockets (short: a socket path is <= 104 bytes)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path(tempfile.gettempdir())
+    folder = base / f"ddtree-deploy-ssh-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+    except OSError as exc:
+        raise TransportError(f"cannot make the SSH control folder {folder}: {exc}") from exc
+    if not folder.is_dir() or folder.is_symlink() or info.st_uid != os.getuid() \
+            or info.st_mode & 0o077:
+        raise TransportError(f"{folder} is not a private folder of this user; refusing to "
+                             "keep SSH connections in it", hint=f"remove {folder}")
+    return folder
+
+
+def available() -> bool:
+    """Whether the OpenSSH client is installed on this machine."""
+    return shutil.which("ssh") is not None
+
+
+class OpenSshTransport(ExecTransport):
+    """`run` and streams through `ssh`, multiplexed over a master kept `persist` seconds."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        known_hosts: Path,
+        port: int | None = None,
+        user: str | None = None,
+        identity_file: str | Path | None = None,
+        connect_timeout: float = 10.0,
+        persist: float = 60.0,
+        load_ssh_config: bool = False,
+        name: str | None = None,
+    ) -> None:
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            raise TransportError("the OpenSSH client (ssh) is not installed on this machine",
+                                 hint="install openssh-client, or set ssh_persist: 0 "
+                                 "for the host")
+        self.host = name or target
+        self.target = target
+        self.known_hosts = Path(known_hosts)
+        self.user = user
+        self.connect_timeout = float(connect_timeout)
+        self._where = f"{self.host} ({target}{'' if port is None else f':{port}'})"
+        key = "\0".join(str(x) for x in (user, target, port, known_hosts, identity_file,
+                                          load_ssh_config))
+        self.control_path = control_dir() / f"cm-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+        opts = [] if load_ssh_config else ["-F", "none"]  # as paramiko: no ~/.ssh/config
+        if port is not None:
+            opts += ["-p", str(port)]
+        if user is not None:
+            opts += ["-l", user]
+        if identity_file is not None:
+            opts += ["-i", str(identity_file), "-o", "IdentitiesOnly=yes"]
+        opts += [
+            "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={self._quoted(self.known_hosts)}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
+            "-o", "ServerAliveInterval=15",
+            "-o", "ServerAliveCountMax=3",
+            "-o", "LogLevel=ERROR",
+            "-S", str(self.control_path),
+        ]  # fmt: skip
+        self._base = [ssh, *opts]
+        self._persist = max(1, round(persist))
+        self._lock = threading.Lock()
+        self._ready = False
+        self._closed = False
+        self._uid: int | None = 0 if user == "root" else None
+
+    @staticmethod
+    def _quoted(path: Path) -> str:
+        text = str(path)
+        return f'"{text}"' if " " in text else text
+
+    # -- the master -----------------------------------------------------------
+
+    def _control(self, op: str, timeout: float = 5.0) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*self._base, "-O", op, self.target], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout, check=False)
+
+    def alive(self) -> bool:
+        """Whether a master for this host answers on the control socket."""
+        if not self.control_path.exists():
+            return False
+        try:
+            return self._control("check").returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _ensure(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"{self._where}: the connection was closed")
+            if self._ready:
+                return
+            if not self.alive():
+                with contextlib.suppress(FileNotFoundError):
+                    self.control_path.unlink()  # a master that died without removing it
+                self._start_master()
+            self._ready = True
+
+    def _start_master(self) -> None:
+        # -f: ssh goes to the background once authenticated. Its output goes to a file, not
+        # a pipe: the master keeps what it inherited open for as long as it lives.
+        argv = [*self._base, "-M", "-N", "-f", "-o", f"ControlPersist={self._persist}s",
+                self.target]
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=err, timeout=self.connect_timeout * 3 + 5,
+                                      check=False)
+            except subprocess.TimeoutExpired as exc:
+                raise UnreachableError(f"{self._where} unreachable: no SSH connection within "
+                                       f"{self.connect_timeout:g}s") from exc
+            except OSError as exc:
+                raise TransportError(f"{self.host}: cannot run ssh: {exc}") from exc
+            err.seek(0)
+            text = err.read().decode("utf-8", "replace")
+        if proc.returncode != 0:
+            raise map_ssh_error(self.host, self._where, text, self.known_hosts,
+                                self.connect_timeout)
+
+    def disconnect(self) -> bool:
+        """End this host's master connection; True if one was running."""
+        if not self.control_path.exists():
+            return False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self._control("exit").returncode == 0
+        return False
+
+    def close(self) -> None:
+        """Done with this object; the master stays open for `persist` seconds."""
+        with self._lock:
+            self._closed = True
+
+    # -- running --------------------------------------------------------------
+
+    def _is_root(self) -> bool:
+        if self._uid is None:
+            result = self.run("id -u", timeout=max(self.connect_timeout, 10.0))
+            try:
+                self._uid = int(result.stdout.strip())
+            except ValueError as exc:
+                raise TransportError(f"{self.host}: cannot tell the remote user id "
+                                     f"(id -u: {result.stderr.strip()})") from exc
+        return self._uid == 0
+
+    def _exec(
+        self,
+        script: str,
+        *,
+        stdin: BinaryIO | None,
+        stdout: BinaryIO | None,
+        deadline: float | None,
+    ) -> RawOutcome:
+        self._ensure()
+        start = time.monotonic()
+        argv = [*self._base, "-o", "ControlMaster=no", "-T", "-e", "none", self.target, script]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None
+                                    else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise TransportError(f"{self.host}: cannot run ssh: {exc}") from exc
+        assert proc.stdout is not None and proc.stderr is not None
+        out: list[bytes] = []
+        err: list[bytes] = []
+        threads = [threading.Thread(target=_pump_out, args=(proc.stdout, stdout
+                                    if stdout is not None else out), daemon=True),
+                   threading.Thread(target=_pump_out, args=(proc.stderr, err), daemon=True)]
+        if stdin is not None:
+            assert proc.stdin is not None
+            threads.append(threading.Thread(target=_pump_in, args=(stdin, proc.stdin),
+                                            daemon=True))
+        for thread in threads:
+            thread.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            timed_out = True  # ending the client ends the session; the host's side is
+            proc.kill()  # bounded by the command's own timeout wrapper
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        for thread in threads:
+            thread.join(timeout=5.0)
+        for pipe in (proc.stdout, proc.stderr, proc.stdin):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        stderr = b"".join(err)
+        code: int | None = None if timed_out else proc.returncode
+        if code == SSH_LOST:
+            text = stderr.decode("utf-8", "replace")
+            if "mux_client_request_session" in text or "Session open refused" in text:
+                raise TransportError(f"{self._where}: the server refused a session: "
+                                     f"{_last_line(text)}")
+            if not self.alive():
+                self._ready = False
+                raise TransportError(f"{self._where}: connection lost: {_last_line(text)}")
+            # else: the command itself exited 255 (or was killed by a signal)
+        return RawOutcome(code, b"".join(out), stderr, time.monotonic() - start, timed_out)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "ssh exited 255 with no message"
+
+
+_UNREACHABLE = re.compile(
+    r"Connection refused|Connection timed out|No route to host|Network is unreachable|"
+    r"Could not resolve hostname|Name or service not known|Connection closed by|"
+    r"Connection reset by|kex_exchange_identification|banner exchange")
+
+
+def map_ssh_error(label: str, where: str, text: str, known_hosts: Path,
+                  timeout: float) -> TransportError:
+    """What ssh printed when it could not connect -> the tool's error for it."""
+    fpr = re.search(r"(SHA256:[A-Za-z0-9+/=]+)", text)
+    offered = f" (offered: {fpr.group(1)})" if fpr else ""
+    if "REVOKED HOST KEY" in text:
+        return HostKeyError(f"{label}: the host key of {where} is marked @revoked in "
+                            f"{known_hosts}{offered}")
+    if "IDENTIFICATION HAS CHANGED" in text:
+        line = re.search(r"Offending \S+ key in .*?:(\d+)", text)
+        old = f" (recorded on line {line.group(1)})" if line else ""
+        return HostKeyError(
+            f"{label}: HOST KEY CHANGED for {where}{offered}{old}. Refusing to connect.",
+            hint=f"if the change is expected (host reinstalled), remove the old line from "
+            f"{known_hosts}, then run `ddtree-deploy hosts trust {label}`")
+    if "Host key verification failed" in text or "host key is known" in text:
+        return HostKeyError(
+            f"{label}: the host key of {where} is not known{offered}; refusing to connect",
+            hint=f"check the key, then run `ddtree-deploy hosts trust {label}` "
+            f"(known_hosts file: {known_hosts})")
+    if "Permission denied" in text or "Too many authentication failures" in text:
+        return AuthError(f"{label}: authentication to {where} failed: {_last_line(text)}",
+                         hint="check the user and identity file (and that its public key is "
+                         "in the host's authorized_keys)")
+    if _UNREACHABLE.search(text):
+        return UnreachableError(f"{where} unreachable: {_last_line(text)} "
+                                f"(connect timeout {timeout:g}s)")
+    return TransportError(f"{where}: SSH connection failed: {_last_line(text)}")
+
+
+def disconnect_all() -> int:
+    """End every master connection this user keeps; how many there were."""
+    ssh = shutil.which("ssh")
+    count = 0
+    folder = control_dir()
+    for sock in sorted(folder.glob("cm-*")):
+        if ssh is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                done = subprocess.run([ssh, "-F", "none", "-S", str(sock), "-O", "exit", "x"],
+                                      stdin=subprocess.DEVNULL, capture_output=True,
+                                      timeout=5.0, check=False)
+                count += done.returncode == 0
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+    return count
