@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
 
 from ddtree_deploy import (
     __version__,
@@ -22,6 +21,7 @@ from ddtree_deploy import (
     cli_service,
     cli_venv,
 )
+from ddtree_deploy.cli_common import console
 from ddtree_deploy.errors import DeployError
 
 app = typer.Typer(
@@ -43,7 +43,7 @@ app.add_typer(cli_overlay.app, name="overlay")
 app.add_typer(cli_hosts.app, name="hosts")
 app.add_typer(cli_lab.app, name="lab")
 
-err = Console(stderr=True)
+err = console(stderr=True)
 
 
 def _version(value: bool) -> None:

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from ddtree_deploy.cli_common import config_of, hosts_or_all, print_json
+from ddtree_deploy.cli_common import config_of, console, hosts_or_all, print_json
 from ddtree_deploy.errors import ExitCode, UsageError
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = console(soft_wrap=True)
+err = console(stderr=True, soft_wrap=True)
 MARK = {True: "[green]=[/green]", False: "[yellow]+[/yellow]"}
 
 

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ddtree_deploy.cli_common import config_of, hosts_or_all
+from ddtree_deploy.cli_common import config_of, console, hosts_or_all
 from ddtree_deploy.errors import ConfigError, UsageError
 from ddtree_deploy.fanout import exit_code, fan_out
 
@@ -84,12 +82,14 @@ def resolve(ctx: typer.Context, host: str) -> TrustTarget:
 
 app = typer.Typer(help="Hosts of the hosts file: list, check over SSH, trust keys.",
                   no_args_is_help=True)
-out = Console()
+out = console()
 
 
 @app.command("list")
 def list_hosts(ctx: typer.Context) -> None:
     """The hosts and deployments of the hosts file (validated in full)."""
+    from rich.table import Table
+
     config = config_of(ctx)
     table = Table(title=f"hosts ({config.path})")
     for col in ("host", "target", "user", "GPUs expected", "venvs"):
@@ -116,6 +116,8 @@ def check(
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
 ) -> None:
     """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""
+    from rich.table import Table
+
     from ddtree_deploy.hostcheck import check_host
 
     config = config_of(ctx)

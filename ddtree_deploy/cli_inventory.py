@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import typer
-from rich.console import Console
+import contextlib
 
-from ddtree_deploy.cli_common import config_of, hosts_or_all, print_json
+import typer
+
+from ddtree_deploy.cli_common import config_of, console, hosts_or_all, is_tty, print_json
 from ddtree_deploy.errors import ExitCode, UsageError
 from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.gather import collect
 from ddtree_deploy.fanout import exit_code
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 REFRESH = typer.Option(False, "--refresh", help="gather new facts even when cached ones are fresh")
 MAX_AGE = typer.Option(DEFAULT_MAX_AGE_S, "--max-age", min=0,
@@ -29,11 +30,10 @@ def inventory(
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
 ) -> None:
     """Know every host before touching it: GPUs (busy, dead), venvs and their CUDA lanes."""
-    from ddtree_deploy.render_inventory import gpu_table, venv_table
-
     config = config_of(ctx)
     names = hosts_or_all(config, hosts)
-    with err.status(f"gathering facts from {len(names)} host(s) ..."):
+    with err.status(f"gathering facts from {len(names)} host(s) ...") if is_tty(err) \
+            else contextlib.nullcontext():
         outcomes = collect(config, names, cache=FactsCache(), refresh=refresh, max_age_s=max_age,
                            concurrency=concurrency)
     if as_json:
@@ -44,6 +44,8 @@ def inventory(
         ]
         print_json(out, payload)
     else:
+        from ddtree_deploy.render_inventory import gpu_table, venv_table
+
         out.print(gpu_table(outcomes))
         out.print(venv_table(outcomes))
     code = exit_code(outcomes)

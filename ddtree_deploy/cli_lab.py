@@ -5,16 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ddtree_deploy.cli_common import print_json
+from ddtree_deploy.cli_common import console, print_json
 from ddtree_deploy.errors import ExitCode
 
 app = typer.Typer(help="The local lab: systemd-nspawn hosts ct129 and ct200 (a rehearsal).",
                   no_args_is_help=True)
-err = Console(stderr=True)
-out = Console()
+err = console(stderr=True)
+out = console()
 
 
 def _say(msg: str) -> None:
@@ -25,6 +23,8 @@ def _say(msg: str) -> None:
 def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
                                  help="add N more hosts like ct200 (ct201, ...)")) -> None:
     """Bring the lab up (clearing leftovers of an earlier run first)."""
+    from rich.table import Table
+
     from ddtree_deploy.lab import manager
 
     with err.status("lab up ..."):
@@ -52,6 +52,8 @@ def down(purge: bool = typer.Option(False, "--purge",
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """Show each lab host: container running, sshd answering."""
+    from rich.table import Table
+
     from ddtree_deploy.lab import manager
 
     rows = manager.status()

@@ -6,17 +6,16 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 
-from ddtree_deploy.cli_common import config_of, print_json
+from ddtree_deploy.cli_common import config_of, console, print_json, rich_console
 from ddtree_deploy.config import Config
 from ddtree_deploy.errors import UsageError
 
 app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_kernel) between "
                        "hosts through the workstation: exact, cached, reversible.",
                   invoke_without_command=True, no_args_is_help=True)
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = console(soft_wrap=True)
+err = console(stderr=True, soft_wrap=True)
 
 
 def _target(config: Config, lane_name: str, host: str | None, venv: str | None
@@ -66,9 +65,9 @@ def overlay(
         if as_json:
             print_json(out, plan.model_dump_json())
         else:
-            render_plan(plan, out)
+            render_plan(plan, rich_console(out))
         return
-    with RichProgress(err) as progress:
+    with RichProgress(rich_console(err)) as progress:
         result = run_overlay(config, lane, host, target_venv, cache=cache, progress=progress,
                              on_status=lambda s: None)
     FactsCache().drop(config.host(host))

@@ -6,13 +6,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ddtree_deploy.cli_common import config_of, print_json
+from ddtree_deploy.cli_common import config_of, console, print_json
 
 app = typer.Typer(help="The DDTree runtime as a payload on a venv's SGLang.", no_args_is_help=True)
-out = Console(soft_wrap=True)
+out = console(soft_wrap=True)
 
 VENV = typer.Option(..., "--venv", help="the venv on the host (a path)")
 PAYLOAD = typer.Option(None, "--payload", help="a payload folder (default: the built-in one)")
@@ -103,6 +101,8 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
 def status(ctx: typer.Context, host: str = typer.Argument(...),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Which payload version is on each venv of the host (declared and discovered)."""
+    from rich.table import Table
+
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.facts.gather import collect

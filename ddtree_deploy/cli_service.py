@@ -5,18 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ddtree_deploy import __version__
-from ddtree_deploy.cli_common import config_of, print_json
+from ddtree_deploy.cli_common import config_of, console, print_json
 from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.errors import UsageError
 
 app = typer.Typer(help="SGLang services on a host: render, up, down, status, logs, list.",
                   no_args_is_help=True)
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = console(soft_wrap=True)
+err = console(stderr=True, soft_wrap=True)
 
 
 def _facts(config: Config, spec: HostSpec, venvs: list[str], refresh: bool) -> Any:
@@ -185,6 +183,8 @@ def _unit_of(config: Config, name: str) -> str:
 def list_(ctx: typer.Context, host: str = typer.Argument(...),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """The services this tool created on HOST, with their state."""
+    from rich.table import Table
+
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.service import install
 

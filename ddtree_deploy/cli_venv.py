@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
-from ddtree_deploy.cli_common import config_of
+from ddtree_deploy.cli_common import config_of, console
 
 app = typer.Typer(help="Venvs on a host.", no_args_is_help=True)
-out = Console(soft_wrap=True)
+out = console(soft_wrap=True)
 
 
 @app.callback()

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.transport.base import ExecTransport
+
+if TYPE_CHECKING:
+    from ddtree_deploy.transport.openssh import OpenSshTransport
 
 
 def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False) -> ExecTransport:
@@ -42,7 +47,7 @@ def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False)
     )
 
 
-def openssh_transport(spec: HostSpec) -> ExecTransport:
+def openssh_transport(spec: HostSpec) -> OpenSshTransport:
     """The host's OpenSSH transport (its master connection kept ssh_persist seconds)."""
     from ddtree_deploy.transport.openssh import OpenSshTransport
 

@@ -193,13 +193,14 @@ def test_the_probe_is_kept_compiled_by_its_hash_and_old_versions_go(tmp_path: Pa
     import subprocess
     import sys
 
-    from ddtree_deploy.facts.gather import PROBE_BOOT
+    from ddtree_deploy.facts.gather import PROBE_BOOT, probe_name
 
-    def run(source: str, home: Path) -> dict[str, Any]:
+    def run(source: str, home: Path, name: str | None = None) -> dict[str, Any]:
         env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
-        proc = subprocess.run([sys.executable, "-c", PROBE_BOOT, "--host-name", "x"],
-                              input=source.encode(), capture_output=True, env=env, timeout=60,
-                              check=False)
+        name = name or probe_name(source.encode())
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE_BOOT, name,
+                               "--host-name", "x"], input=source.encode(), capture_output=True,
+                              env=env, timeout=60, check=False)
         assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
         return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
@@ -221,6 +222,9 @@ def test_the_probe_is_kept_compiled_by_its_hash_and_old_versions_go(tmp_path: Pa
     blocked = tmp_path / "file-home"
     blocked.write_text("")  # a home that cannot hold a cache: the probe still runs
     assert run(source, blocked)["host"] == "x"
+    for bad in ("../../evil", "probe_../x"):  # a name that is no hash: run as sent, kept nowhere
+        assert run(source, home, bad)["host"] == "x"
+    assert len(list(folder.glob("probe_*.py"))) == 1 and not list(home.glob("**/evil*"))
 
 
 def test_a_memo_of_another_probe_version_or_python_is_dropped(tmp_path: Path) -> None:

@@ -18,8 +18,7 @@ from sshd_fixture import Sshd, free_port, keygen, openssh_fingerprint
 from ddtree_deploy.config import load_config
 from ddtree_deploy.connect import open_transport
 from ddtree_deploy.errors import AuthError, CommandTimeout, HostKeyError, UnreachableError
-from ddtree_deploy.transport import Command, SshTransport
-from ddtree_deploy.transport import openssh
+from ddtree_deploy.transport import Command, SshTransport, openssh
 from ddtree_deploy.transport.openssh import OpenSshTransport, map_ssh_error
 
 pytestmark = [pytest.mark.sshd,

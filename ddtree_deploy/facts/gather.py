@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from functools import lru_cache
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -20,41 +22,45 @@ from ddtree_deploy.transport.base import ExecTransport
 PROBE_TIMEOUT_S = 60.0
 
 # Runs the probe (sent on stdin) as a module kept in the user's cache on the host, named by its
-# hash: Python compiles it once and imports the cached bytecode after that. Other versions are
-# removed; a home that cannot be written only means the probe is compiled each time.
+# hash (argv[1], from the workstation): Python compiles it once and imports the cached bytecode
+# after that. The kept file must equal what was sent, else it is written again; other versions
+# are removed then. A home that cannot be written only means the probe is compiled each time.
+# Run with `-I -S` (stdlib only: no site, no PYTHON* variables) and only os and sys loaded
+# until a rewrite is needed: Python's start is most of a host's share of an inventory.
 PROBE_BOOT = """
-import glob, hashlib, os, sys
-src = sys.stdin.buffer.read()
-name = "probe_" + hashlib.sha256(src).hexdigest()[:16]
+import os, sys
+src, name = sys.stdin.buffer.read(), sys.argv[1]
 home = os.path.expanduser("~/.cache/ddtree-deploy/probe")
 try:
-    import importlib.util, py_compile, tempfile
+    if not (name.startswith("probe_") and name[6:].isalnum()):
+        raise ValueError(name)
     path = os.path.join(home, name + ".py")
     try:
         with open(path, "rb") as fh:
             kept = fh.read() == src
     except OSError:
         kept = False
-    if not kept:  # absent, or cut short by a crash: write it whole, then swap it in
-        os.makedirs(home, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=home)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(src)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+    pyc = os.path.join(home, "__pycache__", name + "." + sys.implementation.cache_tag + ".pyc")
+    if not kept or not os.path.exists(pyc):
+        import glob, py_compile, tempfile
+        if not kept:  # absent, or cut short by a crash: write it whole, then swap it in
+            os.makedirs(home, mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=home)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(src)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+            for old in glob.glob(os.path.join(home, "probe_*")) + glob.glob(
+                    os.path.join(home, "__pycache__", "probe_*")):
+                if os.path.basename(old).split(".")[0] != name:
+                    os.unlink(old)
         py_compile.compile(path, doraise=True)  # also where PYTHONDONTWRITEBYTECODE is set
-        for old in glob.glob(os.path.join(home, "probe_*")) + glob.glob(
-                os.path.join(home, "__pycache__", "probe_*")):
-            if os.path.basename(old).split(".")[0] != name:
-                os.unlink(old)
-    elif not os.path.exists(importlib.util.cache_from_source(path)):
-        py_compile.compile(path, doraise=True)
     sys.path.insert(0, home)
     probe = __import__(name)
 except Exception:  # no usable cache: run it as sent
     probe = type(sys)("probe")
     exec(compile(src, "<probe>", "exec"), probe.__dict__)
-sys.exit(probe.main(sys.argv[1:] + ["--memo-code", name]))  # its memo is this version's
+sys.exit(probe.main(sys.argv[2:] + ["--memo-code", name]))  # its memo is this version's
 """
 
 
@@ -65,6 +71,12 @@ def probe_source() -> str:
     except ImportError:
         return (Path(__file__).with_name("probe.py")).read_text(encoding="utf-8")
     return bundled()
+
+
+@lru_cache(maxsize=4)
+def probe_name(source: bytes) -> str:
+    """The probe's module name on hosts: its hash (also the version its memo is tied to)."""
+    return "probe_" + hashlib.sha256(source).hexdigest()[:16]
 
 
 def model_paths(config: Config, spec: HostSpec) -> list[str]:
@@ -83,7 +95,9 @@ def probe_command(
         args += ["--venv", path]
     for path in models or []:
         args += ["--model", path]
-    return Command(argv=("python3", "-c", PROBE_BOOT, *args), stdin=probe_source().encode())
+    source = probe_source().encode()
+    return Command(argv=("python3", "-I", "-S", "-c", PROBE_BOOT, probe_name(source), *args),
+                   stdin=source)
 
 
 def parse_output(host: str, stdout: str, duration: float) -> Facts:

@@ -8,13 +8,11 @@ that part's "error" and the rest still report. Python >= 3.8 syntax.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +41,8 @@ DISCOVER_ROOTS = ("/root", "/opt", "/home/*", "/srv")
 
 def part_error(exc: BaseException) -> str:
     """One line naming the exception and where it happened (the probe's own frame)."""
+    import traceback  # only when a part failed
+
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (in {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
@@ -228,7 +228,39 @@ def _listeners_part() -> dict[str, Any]:
     return {"listeners": found, "error": error}
 
 
-def main(argv: list[str] | None = None) -> int:
+_VALUED = {"--venv": "venv", "--model": "model", "--host-name": "host_name",
+           "--memo-code": "memo_code"}
+_FLAGS = {"--discover": "discover", "--no-memo": "no_memo"}
+
+
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    """The probe's options; anything else (or --help) goes to argparse, loaded only then, which
+    prints the usage (exit 2 on an error)."""
+    opts: dict[str, Any] = {"venv": [], "model": [], "host_name": None, "memo_code": "",
+                            "discover": False, "no_memo": False}  # fmt: skip
+    args = iter(argv)
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if key in _VALUED:
+            if not eq:
+                value = next(args, None)  # type: ignore[assignment]
+                if value is None:
+                    return _argparse(argv)
+            dest = _VALUED[key]
+            if isinstance(opts[dest], list):
+                opts[dest].append(value)
+            else:
+                opts[dest] = value
+        elif arg in _FLAGS:
+            opts[_FLAGS[arg]] = True
+        else:
+            return _argparse(argv)
+    return opts
+
+
+def _argparse(argv: list[str]) -> dict[str, Any]:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="ddtree-probe", description="Print this host's facts.")
     parser.add_argument("--venv", action="append", default=[], help="a declared venv (repeat)")
     parser.add_argument("--discover", action="store_true", help="also look for venvs")
@@ -237,9 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memo", action="store_true",
                         help="derive everything again (ignore and keep no " + MEMO_PATH + ")")
     parser.add_argument("--memo-code", default="", help="the probe's version (its hash)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    facts = gather(args.venv, args.discover, args.host_name, args.model,
-                   None if args.no_memo else MEMO_PATH, args.memo_code)
+    return vars(parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    facts = gather(args["venv"], args["discover"], args["host_name"], args["model"],
+                   None if args["no_memo"] else MEMO_PATH, args["memo_code"])
     sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

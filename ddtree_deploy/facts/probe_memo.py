@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -121,7 +120,8 @@ class Memo:
         tmp = None
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".probe-memo.", dir=folder)
+            tmp = os.path.join(folder, f".probe-memo.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump({"version": MEMO_VERSION, "code": self.code, "entries": self.new}, fh)
             os.replace(tmp, self.path)

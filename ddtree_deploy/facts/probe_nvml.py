@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 NVML_SUCCESS, NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE = 0, 3, 7
 NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot tell
@@ -71,7 +72,7 @@ class Nvml:
             text = None
         return text.decode("utf-8", "replace") if text else f"NVML error {rc}"
 
-    def fn(self, *names: str) -> Optional[Callable[..., int]]:
+    def fn(self, *names: str) -> Callable[..., int] | None:
         """The first of `names` the library exports (newest first)."""
         for name in names:
             found = getattr(self.lib, name, None)
@@ -79,14 +80,21 @@ class Nvml:
                 return found
         return None
 
-    def text(self, name: str, handle: Any, size: int = 96) -> Optional[str]:
+    def need(self, *names: str) -> Callable[..., int]:
+        """As fn, for a call every NVML has: AttributeError (the part's error) if absent."""
+        found = self.fn(*names)
+        if found is None:
+            raise AttributeError(f"libnvidia-ml has no {names[0]}")
+        return found
+
+    def text(self, name: str, handle: Any, size: int = 96) -> str | None:
         buf = ctypes.create_string_buffer(size)
         if getattr(self.lib, name)(handle, buf, size) != NVML_SUCCESS:
             return None
         return buf.value.decode("utf-8", "replace")
 
 
-def load_nvml(lib: str = "libnvidia-ml.so.1") -> Optional[Nvml]:
+def load_nvml(lib: str = "libnvidia-ml.so.1") -> Nvml | None:
     try:
         nvml = Nvml(ctypes.CDLL(lib))
     except (OSError, AttributeError):
@@ -97,8 +105,8 @@ def load_nvml(lib: str = "libnvidia-ml.so.1") -> Optional[Nvml]:
     return nvml
 
 
-def nvml_info(ports_by_pid: Dict[int, List[int]], proc_unit: Callable[[int], Optional[str]],
-              lib: str = "libnvidia-ml.so.1") -> Optional[Dict[str, Any]]:
+def nvml_info(ports_by_pid: dict[int, list[int]], proc_unit: Callable[[int], str | None],
+              lib: str = "libnvidia-ml.so.1") -> dict[str, Any] | None:
     """Driver, CUDA version and GPUs with their processes, like probe_sys.nvidia_info; None
     when NVML is not there or does not start."""
     nvml = load_nvml(lib)
@@ -112,9 +120,9 @@ def nvml_info(ports_by_pid: Dict[int, List[int]], proc_unit: Callable[[int], Opt
             shutdown()
 
 
-def _read(nvml: Nvml, ports_by_pid: Dict[int, List[int]],
-          proc_unit: Callable[[int], Optional[str]]) -> Dict[str, Any]:
-    info: Dict[str, Any] = {"present": True, "source": "nvml", "driver_version": None,
+def _read(nvml: Nvml, ports_by_pid: dict[int, list[int]],
+          proc_unit: Callable[[int], str | None]) -> dict[str, Any]:
+    info: dict[str, Any] = {"present": True, "source": "nvml", "driver_version": None,
                             "cuda_version": None, "gpus": [], "error": None}  # fmt: skip
     buf = ctypes.create_string_buffer(96)
     if nvml.lib.nvmlSystemGetDriverVersion(buf, 96) == NVML_SUCCESS:
@@ -125,11 +133,11 @@ def _read(nvml: Nvml, ports_by_pid: Dict[int, List[int]],
             and version.value > 0:
         info["cuda_version"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
     count = ctypes.c_uint(0)
-    rc = nvml.fn("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount")(ctypes.byref(count))
+    rc = nvml.need("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount")(ctypes.byref(count))
     if rc != NVML_SUCCESS:
         info["error"] = f"NVML device count: {nvml.error(rc)}"
         return info
-    get_handle = nvml.fn("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex")
+    get_handle = nvml.need("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex")
     for index in range(count.value):
         handle = ctypes.c_void_p()
         rc = get_handle(index, ctypes.byref(handle))
@@ -144,8 +152,8 @@ def _read(nvml: Nvml, ports_by_pid: Dict[int, List[int]],
     return info
 
 
-def _gpu(nvml: Nvml, index: int, handle: Any) -> Dict[str, Any]:
-    gpu: Dict[str, Any] = {"index": index, "uuid": nvml.text("nvmlDeviceGetUUID", handle),
+def _gpu(nvml: Nvml, index: int, handle: Any) -> dict[str, Any]:
+    gpu: dict[str, Any] = {"index": index, "uuid": nvml.text("nvmlDeviceGetUUID", handle),
                            "name": nvml.text("nvmlDeviceGetName", handle),
                            "pci_bus_id": None, "memory_total_mib": None,
                            "memory_used_mib": None, "compute_cap": None, "dead": False,
@@ -181,13 +189,14 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> Dict[str, Any]:
     return gpu
 
 
-def _processes(nvml: Nvml, handle: Any, ports_by_pid: Dict[int, List[int]],
-               proc_unit: Callable[[int], Optional[str]]) -> List[Dict[str, Any]]:
-    get = nvml.fn("nvmlDeviceGetComputeRunningProcesses_v3",
-                  "nvmlDeviceGetComputeRunningProcesses_v2")
+def _processes(nvml: Nvml, handle: Any, ports_by_pid: dict[int, list[int]],
+               proc_unit: Callable[[int], str | None]) -> list[dict[str, Any]]:
+    found = nvml.fn("nvmlDeviceGetComputeRunningProcesses_v3",
+                    "nvmlDeviceGetComputeRunningProcesses_v2")
     layout: Any = _ProcessV3
-    if get is None:
-        get, layout = nvml.fn("nvmlDeviceGetComputeRunningProcesses"), _ProcessV1
+    if found is None:
+        found, layout = nvml.need("nvmlDeviceGetComputeRunningProcesses"), _ProcessV1
+    get = found
     size = 32
     while True:
         count = ctypes.c_uint(size)
@@ -209,7 +218,7 @@ def _processes(nvml: Nvml, handle: Any, ports_by_pid: Dict[int, List[int]],
     return out
 
 
-def _process_name(nvml: Nvml, pid: int) -> Optional[str]:
+def _process_name(nvml: Nvml, pid: int) -> str | None:
     """As nvidia-smi's process_name: NVML's name for the PID, else the PID's comm."""
     buf = ctypes.create_string_buffer(256)
     get = nvml.fn("nvmlSystemGetProcessName")

@@ -6,7 +6,6 @@ no work at import. Every name defined here is unique across the probe_* parts.
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import Any
 
@@ -328,6 +327,8 @@ def parse_record_paths(text: str) -> list[str]:
 
 def parse_torch_version_py(text: str) -> dict[str, str | None]:
     """torch/version.py -> {"version": "2.9.1+cu128", "cuda": "12.8"}, read with ast, never run."""
+    import ast  # loaded only when a file is parsed (often the memo knows)
+
     tree = ast.parse(text)
     found: dict[str, str | None] = {"version": None, "cuda": None}
     for node in tree.body:

@@ -9,13 +9,15 @@ Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
 import subprocess
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ast
 
 from ddtree_deploy.facts.probe_memo import Memo
 
@@ -64,6 +66,8 @@ print(json.dumps(out))
 
 def spec_info_static(text: str) -> dict[str, Any]:
     """SpeculativeAlgorithm's members and whether is_dflash() names DDTREE, read with ast."""
+    import ast  # loaded only when a file is parsed (often the memo knows)
+
     tree = ast.parse(text)
     cls = next(
         (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeAlgorithm"),
@@ -184,6 +188,8 @@ def _module_file(pkg_dir: str, base_parts: list[str], module: str | None,
 
 def module_statements(body: list[ast.stmt]) -> list[ast.stmt]:
     """Module-level statements, including those inside if/try/with blocks (not defs)."""
+    import ast  # loaded only when a file is parsed (often the memo knows)
+
     out: list[ast.stmt] = []
     for node in body:
         out.append(node)
@@ -201,6 +207,8 @@ def defines_name(pkg_dir: str, rel_parts: list[str], path: str, name: str, depth
     """Whether the module at `path` (rel_parts: its package inside pkg_dir) binds `name`,
     following `from .x import name` / `from .x import *` into the package's own files.
     track(path) is told of every file read or looked for."""
+    import ast  # loaded only when a file is parsed (often the memo knows)
+
     track(path)
     with open(path, encoding="utf-8", errors="replace") as fh:
         text = fh.read()

@@ -8,14 +8,13 @@ Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
 from __future__ import annotations
 
 import os
-import platform
 import re
-import shutil
-import socket
 import subprocess
+import sys
 import time
 from typing import Any
 
+from ddtree_deploy.facts.probe_netlink import tcp_listeners_netlink
 from ddtree_deploy.facts.probe_nvml import nvml_info
 from ddtree_deploy.facts.probe_parse import (
     APPS_QUERY,
@@ -119,10 +118,11 @@ def existing_ancestor(path: str) -> str:
 
 
 def host_info(venv_paths: list[str]) -> dict[str, Any]:
-    info: dict[str, Any] = {"disks": [], "python": platform.python_version()}
+    uname = os.uname()
+    info: dict[str, Any] = {"disks": [], "python": sys.version.split()[0]}
     errors: list[str] = []
-    info["hostname"] = socket.gethostname()
-    info["kernel"] = platform.release()
+    info["hostname"] = uname.nodename
+    info["kernel"] = uname.release
     info["cpu_count"] = os.cpu_count()
     for path in ("/etc/os-release", "/usr/lib/os-release"):
         if os.path.isfile(path):
@@ -207,10 +207,12 @@ def socket_owners(inodes: set[int]) -> dict[int, int]:
 
 
 def listeners() -> tuple[list[dict[str, Any]], str | None]:
-    """TCP listening sockets with their owning PID, process name and unit (from /proc)."""
-    found: list[dict[str, Any]] = []
+    """TCP listening sockets (from sock_diag netlink, else /proc/net/tcp*) with their owning
+    PID, process name and unit (from /proc)."""
     errors: list[str] = []
-    for name in ("tcp", "tcp6"):
+    netlink = tcp_listeners_netlink() if PROC == "/proc" else None
+    found: list[dict[str, Any]] = netlink or []
+    for name in ("tcp", "tcp6") if netlink is None else ():
         try:
             found += parse_proc_net_tcp(read_small(os.path.join(PROC, "net", name), 16 << 20))
         except OSError as exc:
@@ -305,8 +307,17 @@ def nvidia_info(ports_by_pid: dict[int, list[int]], smi: str = "nvidia-smi",
 # ---- services --------------------------------------------------------------------------------
 
 
+def which(name: str) -> str | None:
+    """shutil.which for a plain name, without loading shutil (and its compression modules)."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.access(path, os.X_OK) and os.path.isfile(path):
+            return path
+    return None
+
+
 def find_uv() -> str | None:
-    found = shutil.which("uv")
+    found = which("uv")
     if found:
         return found
     home = os.path.expanduser("~")
@@ -322,7 +333,7 @@ def find_nvcc() -> str | None:
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home and os.access(os.path.join(cuda_home, "bin", "nvcc"), os.X_OK):
         return os.path.join(cuda_home, "bin", "nvcc")
-    found = shutil.which("nvcc")
+    found = which("nvcc")
     if found:
         return found
     default = "/usr/local/cuda/bin/nvcc"

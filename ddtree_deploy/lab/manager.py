@@ -84,9 +84,9 @@ def _end_kept_connection(address: str) -> bool:
 
     if not openssh.available():
         return False
-    spec = HostSpec(name=address, address=address,
-                    identity_file=str(lab_state_dir() / "id_ed25519"),
-                    known_hosts=str(lab_state_dir() / "known_hosts"))
+    spec = HostSpec.model_validate({"name": address, "address": address,
+                                    "identity_file": str(lab_state_dir() / "id_ed25519"),
+                                    "known_hosts": str(lab_state_dir() / "known_hosts")})
     return openssh_transport(spec).disconnect()
 
 

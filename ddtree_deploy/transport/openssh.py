@@ -7,11 +7,12 @@ one OpenSSH master connection per host open for `persist` seconds after its last
 (ControlMaster/ControlPersist), so later commands, also from later runs of the tool, open
 only a session on it.
 
-The master is started on first use and its errors are mapped here, where every exit 255
-is ssh's own: unreachable, host key unknown/changed/revoked, authentication. Host keys
-are checked by OpenSSH against the host's known_hosts file only, strictly (as the paramiko
-transport does). A command that exits 255 is the command's own status while the master
-still answers; otherwise the connection was lost.
+Each command is one `ssh` run with ControlMaster=auto: through the master when one answers,
+else that run connects and leaves the master behind. Exit 255 is the command's own status
+while the master answers; otherwise it is ssh's own failure, mapped here from what ssh printed:
+unreachable, host key unknown/changed/revoked, authentication, connection lost. Host keys are
+checked by OpenSSH against the host's known_hosts file only, strictly (as the paramiko
+transport does).
 
 Masters' sockets live in a private folder of the user (mode 0700); `disconnect` ends them.
 """
@@ -109,8 +110,6 @@ class OpenSshTransport(ExecTransport):
         ]  # fmt: skip
         self._base = [ssh, *opts]
         self._persist = max(1, round(persist))
-        self._lock = threading.Lock()
-        self._ready = False
         self._closed = False
         self._uid: int | None = 0 if user == "root" else None
 
@@ -134,39 +133,6 @@ class OpenSshTransport(ExecTransport):
         except subprocess.TimeoutExpired:
             return False
 
-    def _ensure(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise TransportError(f"{self._where}: the connection was closed")
-            if self._ready:
-                return
-            if not self.alive():
-                with contextlib.suppress(FileNotFoundError):
-                    self.control_path.unlink()  # a master that died without removing it
-                self._start_master()
-            self._ready = True
-
-    def _start_master(self) -> None:
-        # -f: ssh goes to the background once authenticated. Its output goes to a file, not
-        # a pipe: the master keeps what it inherited open for as long as it lives.
-        argv = [*self._base, "-M", "-N", "-f", "-o", f"ControlPersist={self._persist}s",
-                self.target]
-        with tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=err, timeout=self.connect_timeout * 3 + 5,
-                                      check=False)
-            except subprocess.TimeoutExpired as exc:
-                raise UnreachableError(f"{self._where} unreachable: no SSH connection within "
-                                       f"{self.connect_timeout:g}s") from exc
-            except OSError as exc:
-                raise TransportError(f"{self.host}: cannot run ssh: {exc}") from exc
-            err.seek(0)
-            text = err.read().decode("utf-8", "replace")
-        if proc.returncode != 0:
-            raise map_ssh_error(self.host, self._where, text, self.known_hosts,
-                                self.connect_timeout)
-
     def disconnect(self) -> bool:
         """End this host's master connection; True if one was running."""
         if not self.control_path.exists():
@@ -177,8 +143,7 @@ class OpenSshTransport(ExecTransport):
 
     def close(self) -> None:
         """Done with this object; the master stays open for `persist` seconds."""
-        with self._lock:
-            self._closed = True
+        self._closed = True
 
     # -- running --------------------------------------------------------------
 
@@ -200,9 +165,14 @@ class OpenSshTransport(ExecTransport):
         stdout: BinaryIO | None,
         deadline: float | None,
     ) -> RawOutcome:
-        self._ensure()
+        if self._closed:
+            raise TransportError(f"{self._where}: the connection was closed")
         start = time.monotonic()
-        argv = [*self._base, "-o", "ControlMaster=no", "-T", "-e", "none", self.target, script]
+        # auto: through the master when one answers, else this ssh connects, forks the master
+        # to the background (its output to /dev/null) and runs the command through it. A stale
+        # socket is removed by ssh itself.
+        argv = [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={self._persist}s",
+                "-T", "-e", "none", self.target, script]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None
                                     else subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -245,9 +215,9 @@ class OpenSshTransport(ExecTransport):
             if "mux_client_request_session" in text or "Session open refused" in text:
                 raise TransportError(f"{self._where}: the server refused a session: "
                                      f"{_last_line(text)}")
-            if not self.alive():
-                self._ready = False
-                raise TransportError(f"{self._where}: connection lost: {_last_line(text)}")
+            if not self.alive():  # ssh's own failure: connecting, or the connection was lost
+                raise map_ssh_error(self.host, self._where, text, self.known_hosts,
+                                    self.connect_timeout)
             # else: the command itself exited 255 (or was killed by a signal)
         return RawOutcome(code, b"".join(out), stderr, time.monotonic() - start, timed_out)
 
