@@ -34,10 +34,20 @@ def timed(argv: list[str]) -> float:
     return time.monotonic() - t0
 
 
+def end_connections(hosts_yaml: Path) -> None:
+    """End both tools' kept SSH masters: ours (hosts disconnect) and Ansible's (~/.ansible/cp)."""
+    subprocess.run([CLI, "--hosts", str(hosts_yaml), "hosts", "disconnect"], check=True,
+                   stdout=subprocess.DEVNULL)
+    for sock in (Path.home() / ".ansible" / "cp").glob("*"):
+        subprocess.run(["ssh", "-F", "none", "-S", str(sock), "-O", "exit", "x"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ansible", default="/opt/ddtree-bench-ansible/bin/ansible")
+    ap.add_argument("--cold", action="store_true", help="also time runs with no connection open")
     args = ap.parse_args()
     rows = manager.status()
     if len(rows) < 8 or not all(r.running and r.ssh for r in rows):
@@ -66,13 +76,25 @@ def main() -> None:
         ours.append(timed(ours_cmd))
         theirs.append(timed(theirs_cmd))
         doctor.append(timed(doctor_cmd))
+    cold_ours, cold_theirs = [], []
+    for _ in range(args.runs if args.cold else 0):
+        end_connections(hosts_yaml)
+        cold_ours.append(timed(ours_cmd))
+        end_connections(hosts_yaml)
+        cold_theirs.append(timed(theirs_cmd))
+    end_connections(hosts_yaml)
     mo, mt, md = (statistics.median(x) for x in (ours, theirs, doctor))
     print(f"hosts: {len(rows)}; runs: {args.runs}")
-    each = {name: ", ".join(f"{x:.2f}" for x in xs) for name, xs in (("o", ours), ("t", theirs))}
-    print(f"ddtree-deploy inventory --refresh: median {mo:.2f}s ({each['o']})")
-    print(f"ansible all -m setup:              median {mt:.2f}s ({each['t']})")
+    each = {name: ", ".join(f"{x:.3f}" for x in xs) for name, xs in (("o", ours), ("t", theirs))}
+    print(f"ddtree-deploy inventory --refresh: median {mo:.3f}s ({each['o']})")
+    print(f"ansible all -m setup:              median {mt:.3f}s ({each['t']})")
     print(f"ratio inventory/ansible: {mo / mt:.3f} (goal <= 0.2)")
     print(f"doctor on cached facts (whole CLI process): median {md:.2f}s (goal <= 0.3)")
+    if cold_ours:
+        co, ct = statistics.median(cold_ours), statistics.median(cold_theirs)
+        print(f"no connection open before each run: inventory median {co:.2f}s "
+              f"({', '.join(f'{x:.2f}' for x in cold_ours)}), ansible median {ct:.2f}s "
+              f"({', '.join(f'{x:.2f}' for x in cold_theirs)}), ratio {co / ct:.3f}")
 
 
 if __name__ == "__main__":

@@ -159,8 +159,10 @@ def test_the_probe_gives_the_same_facts_from_its_memo_and_sees_each_change(
     shared_object(sp, rel, ["libcudart.so.12"])
     memo_file = tmp_path / "memo.json"
 
+    caches = sorted(sp.rglob("__pycache__"))
     first, report = _facts(venv, memo_file)
     assert report["misses"] > 0 and report["error"] is None
+    assert sorted(sp.rglob("__pycache__")) == caches  # the probe writes nothing into the venv
     again, report = _facts(venv, memo_file)
     assert again == first and report["hits"] > 0 and report["misses"] == 0
     no_memo, _ = _facts(venv, tmp_path / "other.json")
@@ -244,3 +246,35 @@ def test_a_memo_of_another_probe_version_or_python_is_dropped(tmp_path: Path) ->
     assert calls == ["v1", "v2"]
     saved = json.loads(memo_file.read_text())
     assert saved["code"].startswith("v2|") and saved["code"].endswith(sys.version)
+
+
+def test_the_extension_walk_is_reused_until_a_folder_changes(tmp_path: Path) -> None:
+    """The walk for shared objects is kept with the signature of every folder it listed: an
+    added, removed or renamed shared object anywhere below (or a new folder) shows at once."""
+    from ddtree_deploy.facts.probe_venv import shared_objects
+
+    sp = tmp_path / "site-packages"
+    for rel in ("a/x.so", "a/b/c/y.so.1", "nvidia/cu13/lib/libcudart.so.13", "d.dist-info/w.so"):
+        (sp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sp / rel).write_bytes(b"\x7fELF")
+    memo_file = tmp_path / "memo.json"
+
+    def walk() -> tuple[list[str], int]:
+        memo = Memo(str(memo_file), "v")
+        found, complete = shared_objects(str(sp), None, memo)
+        memo.save()
+        assert complete and found == shared_objects(str(sp))[0]  # the same as without a memo
+        return found, memo.hits
+
+    assert walk() == (["a/b/c/y.so.1", "a/x.so"], 0)
+    assert walk() == (["a/b/c/y.so.1", "a/x.so"], 1)
+    (sp / "a/b/c/z.so").write_bytes(b"")  # deep inside
+    assert walk() == (["a/b/c/y.so.1", "a/b/c/z.so", "a/x.so"], 0)
+    (sp / "a/b/c/y.so.1").rename(sp / "a/b/c/y.so.2")
+    assert walk()[0] == ["a/b/c/y.so.2", "a/b/c/z.so", "a/x.so"]
+    (sp / "e/f").mkdir(parents=True)
+    (sp / "e/f/g.so").write_bytes(b"")  # a new folder tree
+    assert walk()[0] == ["a/b/c/y.so.2", "a/b/c/z.so", "a/x.so", "e/f/g.so"]
+    (sp / "a/x.so").unlink()
+    assert walk() == (["a/b/c/y.so.2", "a/b/c/z.so", "e/f/g.so"], 0)
+    assert walk()[1] == 1

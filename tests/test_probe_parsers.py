@@ -41,7 +41,7 @@ PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "proc_driver_version": lambda c: pp.parse_proc_driver_version(c["output"]),
     "proc_net_tcp": lambda c: pp.parse_proc_net_tcp(c["output"]),
     "cgroup_unit": lambda c: pp.parse_cgroup_unit(c["output"]),
-    "list_units": lambda c: pp.parse_list_units(c["output"]),
+    "show_units": lambda c: pp.parse_show_units(c["output"]),
     "os_release": lambda c: pp.parse_os_release(c["output"]).get("PRETTY_NAME"),
     "glibc": lambda c: pp.parse_glibc(c["output"]),
     "meminfo": lambda c: pp.parse_meminfo(c["output"]),

@@ -262,24 +262,28 @@ def parse_glibc(text: str) -> str | None:
 # ---- systemd ----------------------------------------------------------------------------------
 
 
-def parse_list_units(text: str) -> list[dict[str, Any]]:
-    """`systemctl list-units --all --plain --no-legend --no-pager` -> [{name, load, ...}]."""
-    units: list[dict[str, Any]] = []
-    for raw in text.splitlines():
-        parts = raw.split(None, 4)
-        if parts and parts[0] in ("●", "*"):  # a failed/not-found unit's marker
-            parts = raw.split(None, 5)[1:]
-        if len(parts) < 4 or "." not in parts[0]:
+UNIT_PROPS = "Id,LoadState,ActiveState,SubState,Description,MainPID"
+
+
+def parse_show_units(text: str) -> list[dict[str, Any]]:
+    """`systemctl show -p UNIT_PROPS PATTERN...` -> [{name, load, active, sub, description,
+    main_pid}] sorted by name; units systemd does not know (not-found) are left out."""
+    units = []
+    for name, props in parse_systemctl_show(text).items():
+        if props.get("LoadState") == "not-found":
             continue
+        pid = props.get("MainPID", "")
         units.append(
-            {"name": parts[0], "load": parts[1], "active": parts[2], "sub": parts[3],
-             "description": parts[4].strip() if len(parts) > 4 else None}
+            {"name": name, "load": props.get("LoadState") or None,
+             "active": props.get("ActiveState") or None, "sub": props.get("SubState") or None,
+             "description": props.get("Description") or None,
+             "main_pid": int(pid) if pid.isdigit() and pid != "0" else None}
         )  # fmt: skip
-    return units
+    return sorted(units, key=lambda u: u["name"])
 
 
 def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
-    """`systemctl show -p Id,MainPID U1 U2` (blocks split by blank lines) -> {Id: {key: value}}."""
+    """`systemctl show -p Id,... U1 U2` (blocks split by blank lines) -> {Id: {key: value}}."""
     out: dict[str, dict[str, str]] = {}
     for block in re.split(r"\n\s*\n", text):
         props = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)

@@ -97,7 +97,7 @@ def spec_info_runtime(
     """Load spec_info.py by path in `python`; {"members", "knows", "is_dflash"} or {"error"}."""
     try:
         proc = subprocess.run(
-            [python, "-I", "-S", "-c", SPEC_SCRIPT, spec_path],
+            [python, "-B", "-I", "-S", "-c", SPEC_SCRIPT, spec_path],  # -B: writes nothing
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=timeout,

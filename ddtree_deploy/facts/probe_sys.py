@@ -19,18 +19,18 @@ from ddtree_deploy.facts.probe_nvml import nvml_info
 from ddtree_deploy.facts.probe_parse import (
     APPS_QUERY,
     GPU_QUERY,
+    UNIT_PROPS,
     parse_cgroup_unit,
     parse_driver_versions,
     parse_glibc,
-    parse_list_units,
     parse_meminfo,
     parse_nvcc_version,
     parse_os_release,
     parse_proc_driver_version,
     parse_proc_net_tcp,
+    parse_show_units,
     parse_smi_apps,
     parse_smi_gpus,
-    parse_systemctl_show,
     smi_driver_version,
     socket_inode,
 )
@@ -38,6 +38,7 @@ from ddtree_deploy.facts.probe_parse import (
 CMD_TIMEOUT_S = 5.0
 PROC = "/proc"  # tests point these at fixtures
 UNIT_RE = re.compile(r"sglang|ddtree", re.I)
+UNIT_GLOBS = ("*[sS][gG][lL][aA][nN][gG]*", "*[dD][dD][tT][rR][eE][eE]*")  # UNIT_RE as globs
 UV_PLACES = ("/root/.local/bin/uv", "/root/.cargo/bin/uv", "/usr/local/bin/uv", "/usr/bin/uv")
 
 
@@ -348,22 +349,17 @@ def services(gpu_pids: list[int], listening: list[dict[str, Any]]) -> dict[str, 
     if info["nvcc"]:
         nvcc = run_cmd([info["nvcc"], "--version"])
         info["nvcc_version"] = parse_nvcc_version(nvcc.out)
-    wanted = {proc_unit(pid) for pid in gpu_pids} | {s["unit"] for s in listening}
-    wanted.discard(None)
-    listed = run_cmd(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager"])
-    if listed.rc is None or (listed.rc != 0 and not listed.out.strip()):
-        errors.append(f"systemctl list-units: {listed.why()}")
+    found = [proc_unit(pid) for pid in gpu_pids] + [s["unit"] for s in listening]
+    wanted = {str(unit) for unit in found if unit}
+    # One call: the units matching the names (globs over the units systemd has loaded, as
+    # `list-units --all` lists them) and the GPU holders' and listeners' own units.
+    shown = run_cmd(["systemctl", "show", "--no-pager", "-p", UNIT_PROPS, "--", *UNIT_GLOBS,
+                     *sorted(wanted)])  # fmt: skip
+    if shown.rc is None or (shown.rc != 0 and not shown.out.strip()):
+        errors.append(f"systemctl show: {shown.why()}")
     else:
-        units = [u for u in parse_list_units(listed.out)
-                 if UNIT_RE.search(u["name"]) or u["name"] in wanted]  # fmt: skip
-        if units:
-            shown = run_cmd(["systemctl", "show", "-p", "Id,MainPID"]
-                            + [u["name"] for u in units])  # fmt: skip
-            props = parse_systemctl_show(shown.out) if shown.rc == 0 else {}
-            for unit in units:
-                pid = props.get(unit["name"], {}).get("MainPID", "")
-                unit["main_pid"] = int(pid) if pid.isdigit() and pid != "0" else None
-        info["units"] = units
+        info["units"] = [u for u in parse_show_units(shown.out)
+                         if UNIT_RE.search(u["name"]) or u["name"] in wanted]  # fmt: skip
     info["error"] = "; ".join(errors) or None
     return info
 

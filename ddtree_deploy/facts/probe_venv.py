@@ -10,6 +10,7 @@ import glob
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ddtree_deploy.facts.probe_elf import ElfError, elf_dynamic
@@ -152,7 +153,7 @@ def scan_extensions(
     memo = memo or Memo()
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + budget_s
-    found, complete = shared_objects(sp, deadline)
+    found, complete = shared_objects(sp, deadline, memo)
     if not complete:
         return out, f"extension scan stopped after {budget_s:.0f}s (partial list)"
     for rel in found:
@@ -165,16 +166,30 @@ def scan_extensions(
     return out, None
 
 
-def shared_objects(sp: str, deadline: float | None = None) -> tuple[list[str], bool]:
+def shared_objects(sp: str, deadline: float | None = None,
+                   memo: Memo | None = None) -> tuple[list[str], bool]:
     """Relative paths of the shared objects under site-packages, sorted: not symlinks, not in
     __pycache__, the top-level nvidia/ and *.dist-info left out; and whether the walk finished
-    before `deadline` (monotonic)."""
+    before `deadline` (monotonic). With a memo, a finished walk is reused while none of the
+    folders it listed has changed (a folder's mtime and ctime move when an entry is added,
+    removed or renamed in it): one stat per folder instead of reading each folder again."""
+    if memo is None:
+        return _walk(sp, deadline, lambda _path: None)
+    found, complete = memo.derive_tracked("walk", sp,
+                                          lambda track: list(_walk(sp, deadline, track)),
+                                          keep=lambda value: bool(value[1]))  # fmt: skip
+    return list(found), bool(complete)
+
+
+def _walk(sp: str, deadline: float | None,
+          track: Callable[[str], None]) -> tuple[list[str], bool]:
     found: list[str] = []
     stack: list[tuple[str, str]] = [("", sp)]
     while stack:
         if deadline is not None and time.monotonic() > deadline:
             return sorted(found), False
         rel, path = stack.pop()
+        track(path)
         try:
             with os.scandir(path) as it:
                 for e in it:
