@@ -12,9 +12,10 @@ from ddtree_deploy.rules.engine import diagnose
 from ddtree_deploy.rules.lane import lane
 
 FIXTURES = Path(__file__).parent / "facts" / "inventory"
-# First session's probe (CUDA version from nvidia-smi's table), and this one's (from libcuda,
-# with the host memo reused): the same host must read the same either way.
-CASES = ["h200-cu130", "h200-cu130-memo"]
+# First session's probe (CUDA version from nvidia-smi's table), the second's (from libcuda,
+# with the host memo reused) and the third's (GPUs from NVML, sockets from netlink): the same
+# host must read the same every way.
+CASES = ["h200-cu130", "h200-cu130-memo", "h200-cu130-nvml"]
 
 
 @pytest.fixture(params=CASES)
@@ -36,6 +37,23 @@ def test_the_memo_run_reused_everything_and_reads_as_the_first() -> None:
     assert (memo.nvidia.driver_version, memo.nvidia.cuda_version) == (
         first.nvidia.driver_version, first.nvidia.cuda_version)
     a, b = first.venv("/opt/torch/.venv"), memo.venv("/opt/torch/.venv")
+    assert a is not None and b is not None
+    assert a.distributions == b.distributions and a.torch == b.torch and a.nvidia == b.nvidia
+    assert sorted(e.path for e in a.extensions) == sorted(e.path for e in b.extensions)
+
+
+def test_nvml_reads_as_nvidia_smi_did() -> None:
+    smi, nvml = load(CASES[1]), load(CASES[2])
+    assert (smi.nvidia.source, nvml.nvidia.source) == (None, "nvml")  # None: before the field
+    assert nvml.probe_memo.hits > 0 and nvml.probe_memo.misses == 0
+    assert (nvml.nvidia.driver_version, nvml.nvidia.cuda_version) == (
+        smi.nvidia.driver_version, smi.nvidia.cuda_version)
+    fields = ("index", "name", "memory_total_mib", "compute_cap", "pci_bus_id", "dead", "error")
+    assert [[getattr(g, f) for f in fields] for g in smi.nvidia.gpus] == [
+        [getattr(g, f) for f in fields] for g in nvml.nvidia.gpus]
+    assert [(s.port, s.address) for s in smi.services.listeners] == [
+        (s.port, s.address) for s in nvml.services.listeners]
+    a, b = smi.venv("/opt/torch/.venv"), nvml.venv("/opt/torch/.venv")
     assert a is not None and b is not None
     assert a.distributions == b.distributions and a.torch == b.torch and a.nvidia == b.nvidia
     assert sorted(e.path for e in a.extensions) == sorted(e.path for e in b.extensions)
