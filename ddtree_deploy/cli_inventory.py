@@ -64,7 +64,6 @@ def doctor(
     as_json: bool = AS_JSON,
 ) -> None:
     """Findings for a host (and one venv or deployment), each with evidence and a remedy."""
-    from ddtree_deploy.render_inventory import findings_table
     from ddtree_deploy.rules.engine import diagnose
     from ddtree_deploy.rules.model_fit import model_facts_from
 
@@ -101,6 +100,8 @@ def doctor(
             "findings": [f.to_json() for f in findings],
         })
     else:
+        from ddtree_deploy.render_inventory import findings_table
+
         out.print(findings_table(spec.name, venv, findings))
     if any(f.severity == "error" for f in findings):
         raise typer.Exit(int(ExitCode.FAILED))

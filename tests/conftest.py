@@ -23,6 +23,21 @@ def lab_possible() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kept_connections_end() -> Iterator[None]:
+    """The OpenSSH masters the tool keeps for facts (ssh_persist) that this session started
+    are ended with it, whatever hosts file a test used."""
+    from ddtree_deploy.transport import openssh
+
+    if not openssh.available():
+        yield
+        return
+    before = set(openssh.control_dir().glob("cm-*"))
+    yield
+    for sock in set(openssh.control_dir().glob("cm-*")) - before:
+        openssh.end_master(sock)
+
+
 @pytest.fixture(scope="session")
 def lab_session() -> Iterator[None]:
     reason = lab_possible()

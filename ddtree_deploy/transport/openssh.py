@@ -263,18 +263,21 @@ def map_ssh_error(label: str, where: str, text: str, known_hosts: Path,
     return TransportError(f"{where}: SSH connection failed: {_last_line(text)}")
 
 
+def end_master(sock: Path) -> bool:
+    """End the master listening on control socket `sock`; True if one answered."""
+    ssh = shutil.which("ssh")
+    ended = False
+    if ssh is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            done = subprocess.run([ssh, "-F", "none", "-S", str(sock), "-O", "exit", "x"],
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=5.0,
+                                  check=False)
+            ended = done.returncode == 0
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    return ended
+
+
 def disconnect_all() -> int:
     """End every master connection this user keeps; how many there were."""
-    ssh = shutil.which("ssh")
-    count = 0
-    folder = control_dir()
-    for sock in sorted(folder.glob("cm-*")):
-        if ssh is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                done = subprocess.run([ssh, "-F", "none", "-S", str(sock), "-O", "exit", "x"],
-                                      stdin=subprocess.DEVNULL, capture_output=True,
-                                      timeout=5.0, check=False)
-                count += done.returncode == 0
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
-    return count
+    return sum(end_master(sock) for sock in sorted(control_dir().glob("cm-*")))
