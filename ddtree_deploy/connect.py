@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.transport.base import ExecTransport
@@ -34,31 +34,25 @@ def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False)
     jump = open_transport(config, spec.jump) if spec.jump else None
     if jump is not None and not isinstance(jump, SshTransport):
         jump = None  # a local "jump" is no hop at all
-    return SshTransport(
-        spec.target,
-        known_hosts=spec.known_hosts,
-        port=spec.port if spec.address else None,
-        user=spec.user if spec.address else None,
-        identity_file=spec.identity_file,
-        connect_timeout=spec.connect_timeout,
-        jump=jump,
-        load_ssh_config=spec.ssh_alias is not None,
-        name=spec.name,
-    )
+    return SshTransport(spec.target, jump=jump, **_ssh_options(spec))
+
+
+def _ssh_options(spec: HostSpec) -> dict[str, Any]:
+    """What both SSH transports take from a host entry (port and user only with an address:
+    an ~/.ssh/config alias brings its own)."""
+    return {
+        "known_hosts": spec.known_hosts,
+        "port": spec.port if spec.address else None,
+        "user": spec.user if spec.address else None,
+        "identity_file": spec.identity_file,
+        "connect_timeout": spec.connect_timeout,
+        "load_ssh_config": spec.ssh_alias is not None,
+        "name": spec.name,
+    }
 
 
 def openssh_transport(spec: HostSpec) -> OpenSshTransport:
     """The host's OpenSSH transport (its master connection kept ssh_persist seconds)."""
     from ddtree_deploy.transport.openssh import OpenSshTransport
 
-    return OpenSshTransport(
-        spec.target,
-        known_hosts=spec.known_hosts,
-        port=spec.port if spec.address else None,
-        user=spec.user if spec.address else None,
-        identity_file=spec.identity_file,
-        connect_timeout=spec.connect_timeout,
-        persist=spec.ssh_persist,
-        load_ssh_config=spec.ssh_alias is not None,
-        name=spec.name,
-    )
+    return OpenSshTransport(spec.target, persist=spec.ssh_persist, **_ssh_options(spec))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import BinaryIO, Protocol, Self, runtime_checkable
 
-from ddtree_deploy.errors import CommandTimeout, RemoteCommandError, SudoError
+from ddtree_deploy.errors import CommandTimeout, RemoteCommandError, SudoError, TransportError
 
 CHUNK = 256 * 1024
 KILL_AFTER = 2.0  # seconds between TERM and KILL once a command's timeout passes
@@ -241,6 +241,16 @@ class ExecTransport(ABC):
     @abstractmethod
     def _is_root(self) -> bool:
         """Whether commands already run as root on the far side."""
+
+    def _remote_uid(self, timeout: float) -> int:
+        """The far side's user id, asked with `id -u`."""
+        result = self.run("id -u", timeout=timeout)
+        try:
+            return int(result.stdout.strip())
+        except ValueError as exc:
+            raise TransportError(
+                f"{self.host}: cannot tell the remote user id (id -u: {result.stderr.strip()})"
+            ) from exc
 
     def close(self) -> None:  # pragma: no cover - overridden where there is state
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -40,6 +41,73 @@ def _shell_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def run_process(argv: list[str], *, stdin: BinaryIO | None, stdout: BinaryIO | None,
+                deadline: float | None, own_group: bool, host: str) -> RawOutcome:
+    """Run a program with its input streamed in and its output collected (or streamed to
+    `stdout`), killed at `deadline` (with its whole process group when `own_group`)."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=own_group,
+        )
+    except OSError as exc:
+        raise TransportError(f"{host}: cannot start {argv[0]}: {exc}") from exc
+    assert proc.stdout is not None and proc.stderr is not None
+    out_chunks: list[bytes] = []
+    err_chunks: list[bytes] = []
+    threads = [
+        threading.Thread(
+            target=_pump_out,
+            args=(proc.stdout, stdout if stdout is not None else out_chunks),
+            daemon=True,
+        ),
+        threading.Thread(target=_pump_out, args=(proc.stderr, err_chunks), daemon=True),
+    ]
+    if stdin is not None:
+        assert proc.stdin is not None
+        threads.append(threading.Thread(target=_pump_in, args=(stdin, proc.stdin), daemon=True))
+    for thread in threads:
+        thread.start()
+    timed_out = False
+    try:
+        wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill(proc, own_group)
+    except BaseException:
+        _kill(proc, own_group)
+        raise
+    for thread in threads:
+        # A process that escaped the group may hold the pipes open: bounded join.
+        thread.join(timeout=5.0)
+    for pipe in (proc.stdout, proc.stderr, proc.stdin):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    return RawOutcome(
+        exit_code=None if timed_out else proc.returncode,
+        stdout=b"".join(out_chunks),
+        stderr=b"".join(err_chunks),
+        duration=time.monotonic() - start,
+        timed_out=timed_out,
+    )
+
+
+def _kill(proc: subprocess.Popen[bytes], group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+
+
 class LocalTransport(ExecTransport):
     """Runs commands on this machine, each in its own session (killable as a group)."""
 
@@ -60,62 +128,9 @@ class LocalTransport(ExecTransport):
         stdout: BinaryIO | None,
         deadline: float | None,
     ) -> RawOutcome:
-        start = time.monotonic()
-        try:
-            proc = subprocess.Popen(
-                [_SHELL, "-c", script],
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise TransportError(f"{self.host}: cannot start {_SHELL}: {exc}") from exc
-        assert proc.stdout is not None and proc.stderr is not None
-        out_chunks: list[bytes] = []
-        err_chunks: list[bytes] = []
-        threads = [
-            threading.Thread(
-                target=_pump_out,
-                args=(proc.stdout, stdout if stdout is not None else out_chunks),
-                daemon=True,
-            ),
-            threading.Thread(target=_pump_out, args=(proc.stderr, err_chunks), daemon=True),
-        ]
-        if stdin is not None:
-            assert proc.stdin is not None
-            threads.append(threading.Thread(target=_pump_in, args=(stdin, proc.stdin), daemon=True))
-        for thread in threads:
-            thread.start()
-        timed_out = False
-        try:
-            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self._kill_group(proc)
-        except BaseException:
-            self._kill_group(proc)
-            raise
-        for thread in threads:
-            # A process that escaped the group may hold the pipes open: bounded join.
-            thread.join(timeout=5.0)
-        for pipe in (proc.stdout, proc.stderr, proc.stdin):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        return RawOutcome(
-            # killed by a signal: report it as a shell would (128 + signal number)
-            exit_code=None if timed_out else _shell_status(proc.returncode),
-            stdout=b"".join(out_chunks),
-            stderr=b"".join(err_chunks),
-            duration=time.monotonic() - start,
-            timed_out=timed_out,
-        )
-
-    @staticmethod
-    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5.0)
+        outcome = run_process([_SHELL, "-c", script], stdin=stdin, stdout=stdout,
+                              deadline=deadline, own_group=True, host=self.host)
+        if outcome.exit_code is None:
+            return outcome
+        # killed by a signal: as a shell reports it (128 + the signal's number)
+        return dataclasses.replace(outcome, exit_code=_shell_status(outcome.exit_code))

@@ -26,14 +26,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import BinaryIO
 
 from ddtree_deploy.errors import AuthError, HostKeyError, TransportError, UnreachableError
 from ddtree_deploy.transport.base import ExecTransport, RawOutcome
-from ddtree_deploy.transport.local import _pump_in, _pump_out
+from ddtree_deploy.transport.local import run_process
 
 SSH_LOST = 255  # what ssh exits with when it, not the command, failed
 
@@ -149,12 +147,7 @@ class OpenSshTransport(ExecTransport):
 
     def _is_root(self) -> bool:
         if self._uid is None:
-            result = self.run("id -u", timeout=max(self.connect_timeout, 10.0))
-            try:
-                self._uid = int(result.stdout.strip())
-            except ValueError as exc:
-                raise TransportError(f"{self.host}: cannot tell the remote user id "
-                                     f"(id -u: {result.stderr.strip()})") from exc
+            self._uid = self._remote_uid(max(self.connect_timeout, 10.0))
         return self._uid == 0
 
     def _exec(
@@ -167,51 +160,17 @@ class OpenSshTransport(ExecTransport):
     ) -> RawOutcome:
         if self._closed:
             raise TransportError(f"{self._where}: the connection was closed")
-        start = time.monotonic()
         # auto: through the master when one answers, else this ssh connects, forks the master
         # to the background (its output to /dev/null) and runs the command through it. A stale
         # socket is removed by ssh itself.
         argv = [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={self._persist}s",
                 "-T", "-e", "none", self.target, script]
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None
-                                    else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
-        except OSError as exc:
-            raise TransportError(f"{self.host}: cannot run ssh: {exc}") from exc
-        assert proc.stdout is not None and proc.stderr is not None
-        out: list[bytes] = []
-        err: list[bytes] = []
-        threads = [threading.Thread(target=_pump_out, args=(proc.stdout, stdout
-                                    if stdout is not None else out), daemon=True),
-                   threading.Thread(target=_pump_out, args=(proc.stderr, err), daemon=True)]
-        if stdin is not None:
-            assert proc.stdin is not None
-            threads.append(threading.Thread(target=_pump_in, args=(stdin, proc.stdin),
-                                            daemon=True))
-        for thread in threads:
-            thread.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            timed_out = True  # ending the client ends the session; the host's side is
-            proc.kill()  # bounded by the command's own timeout wrapper
-            proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        for thread in threads:
-            thread.join(timeout=5.0)
-        for pipe in (proc.stdout, proc.stderr, proc.stdin):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        stderr = b"".join(err)
-        code: int | None = None if timed_out else proc.returncode
-        if code == SSH_LOST:
-            text = stderr.decode("utf-8", "replace")
+        # Killing the client at the deadline ends the session; the host's side is bounded by
+        # the command's own timeout wrapper.
+        outcome = run_process(argv, stdin=stdin, stdout=stdout, deadline=deadline,
+                              own_group=False, host=self.host)
+        if outcome.exit_code == SSH_LOST:
+            text = outcome.stderr.decode("utf-8", "replace")
             if "mux_client_request_session" in text or "Session open refused" in text:
                 raise TransportError(f"{self._where}: the server refused a session: "
                                      f"{_last_line(text)}")
@@ -219,7 +178,7 @@ class OpenSshTransport(ExecTransport):
                 raise map_ssh_error(self.host, self._where, text, self.known_hosts,
                                     self.connect_timeout)
             # else: the command itself exited 255 (or was killed by a signal)
-        return RawOutcome(code, b"".join(out), stderr, time.monotonic() - start, timed_out)
+        return outcome
 
 
 def _last_line(text: str) -> str:

@@ -259,13 +259,7 @@ class SshTransport(ExecTransport):
 
     def _is_root(self) -> bool:
         if self._uid is None:
-            result = self.run("id -u", timeout=max(self.connect_timeout, 10.0))
-            try:
-                self._uid = int(result.stdout.strip())
-            except ValueError as exc:
-                raise TransportError(
-                    f"{self.host}: cannot tell the remote user id (id -u: {result.stderr.strip()})"
-                ) from exc
+            self._uid = self._remote_uid(max(self.connect_timeout, 10.0))
         return self._uid == 0
 
     def _exec(
