@@ -16,8 +16,8 @@ def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False)
 
     reuse: for short reads (the facts probe): an OpenSSH master connection kept open
     between runs (the host's ssh_persist seconds), where the host allows it: ssh_persist
-    above 0, no jump host, and the OpenSSH client installed. Otherwise, and for everything
-    else, one paramiko connection of its own.
+    above 0, no jump host, the OpenSSH client installed and a private folder for its control
+    socket. Otherwise, and for everything else, one paramiko connection of its own.
     """
     spec = config.host(host) if isinstance(host, str) else host
     if spec.is_local:
@@ -25,10 +25,14 @@ def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False)
 
         return LocalTransport(host=spec.name)
     if reuse and spec.ssh_persist > 0 and spec.jump is None:
+        from ddtree_deploy.errors import TransportError
         from ddtree_deploy.transport import openssh
 
         if openssh.available():
-            return openssh_transport(spec)
+            try:
+                return openssh_transport(spec)
+            except TransportError:
+                pass  # no usable folder for its control socket: a connection of its own
     from ddtree_deploy.transport.ssh import SshTransport
 
     jump = open_transport(config, spec.jump) if spec.jump else None

@@ -25,17 +25,25 @@ def lab_possible() -> str | None:
 
 @pytest.fixture(scope="session", autouse=True)
 def kept_connections_end() -> Iterator[None]:
-    """The OpenSSH masters the tool keeps for facts (ssh_persist) that this session started
-    are ended with it, whatever hosts file a test used."""
+    """The OpenSSH masters the tool keeps for facts (ssh_persist) live in a control folder of
+    this session's own (so another run's are never touched), ended with the session."""
+    import tempfile
+
     from ddtree_deploy.transport import openssh
 
-    if not openssh.available():
+    runtime = tempfile.mkdtemp(prefix="ddt-rt-", dir="/tmp")  # short: socket paths are limited
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = runtime
+    try:
         yield
-        return
-    before = set(openssh.control_dir().glob("cm-*"))
-    yield
-    for sock in set(openssh.control_dir().glob("cm-*")) - before:
-        openssh.end_master(sock)
+    finally:
+        if openssh.available():
+            openssh.disconnect_all()
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -149,8 +149,11 @@ def _facts(venv: Path, memo_file: Path) -> tuple[dict[str, Any], dict[str, Any]]
 
 @pytest.mark.skipif(not have_wheels(), reason="needs gcc and the cached real wheels")
 def test_the_probe_gives_the_same_facts_from_its_memo_and_sees_each_change(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ddtree_deploy.facts import probe_venv
+
+    monkeypatch.setattr(probe_venv, "RACY_S", 0.0)  # the venv is made just before
     venv, sp = make_venv(tmp_path / "venv")
     torch_cu130(sp)
     sglang_tree(sp, ddtree_spec_text(), ddtree=True)
@@ -248,10 +251,15 @@ def test_a_memo_of_another_probe_version_or_python_is_dropped(tmp_path: Path) ->
     assert saved["code"].startswith("v2|") and saved["code"].endswith(sys.version)
 
 
-def test_the_extension_walk_is_reused_until_a_folder_changes(tmp_path: Path) -> None:
+def test_the_extension_walk_is_reused_until_a_folder_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The walk for shared objects is kept with the signature of every folder it listed: an
     added, removed or renamed shared object anywhere below (or a new folder) shows at once."""
+    from ddtree_deploy.facts import probe_venv
     from ddtree_deploy.facts.probe_venv import shared_objects
+
+    monkeypatch.setattr(probe_venv, "RACY_S", 0.0)  # the folders here change within it
 
     sp = tmp_path / "site-packages"
     for rel in ("a/x.so", "a/b/c/y.so.1", "nvidia/cu13/lib/libcudart.so.13", "d.dist-info/w.so"):
@@ -278,3 +286,19 @@ def test_the_extension_walk_is_reused_until_a_folder_changes(tmp_path: Path) -> 
     (sp / "a/x.so").unlink()
     assert walk() == (["a/b/c/y.so.2", "a/b/c/z.so", "e/f/g.so"], 0)
     assert walk()[1] == 1
+
+
+def test_a_walk_over_a_folder_changed_just_now_is_not_kept(tmp_path: Path) -> None:
+    """Within RACY_S of a folder's last change, a second change in the same clock tick could
+    leave its times as they were: such a walk is used but not remembered."""
+    from ddtree_deploy.facts.probe_venv import shared_objects
+
+    sp = tmp_path / "site-packages"
+    (sp / "a").mkdir(parents=True)
+    (sp / "a/x.so").write_bytes(b"")
+    memo_file = tmp_path / "memo.json"
+    for _ in range(2):
+        memo = Memo(str(memo_file), "v")
+        assert shared_objects(str(sp), None, memo) == (["a/x.so"], True)
+        memo.save()
+        assert (memo.hits, memo.misses) == (0, 1)  # not kept, so not found the second time

@@ -133,3 +133,39 @@ def test_memory_v1_counts_the_reserve(gpu_host: dict[str, Any], libnvml: str) ->
     wrong = probe_nvml._MemoryV2(version=1)
     assert nvml.lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(wrong)) != 0
     nvml.lib.nvmlShutdown()
+
+
+def test_a_stuck_driver_costs_the_gpu_facts_only(gpu_host: dict[str, Any], libnvml: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML is asked in a forked child: one that does not answer in time is left behind (a
+    process stuck in the kernel cannot be killed) and the GPU part says so; nvidia-smi is not
+    asked then (it would be stuck on the same driver)."""
+    import time
+
+    from ddtree_deploy.facts.probe_nvml import nvml_info_bounded
+
+    gpu_host["spec"].write_text(json.dumps(CT129))
+    monkeypatch.setenv("DDTREE_LAB_NVML_HANG", "3")
+    start = time.monotonic()
+    info = nvml_info_bounded({}, probe_sys.proc_unit, libnvml, timeout=0.5)
+    assert time.monotonic() - start < 2
+    assert info is not None and not info["present"] and info["gpus"] == []
+    assert info["error"] == "NVML did not answer within 0.5s"
+
+
+def test_a_crashing_library_hands_over_to_nvidia_smi(gpu_host: dict[str, Any], libnvml: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import faulthandler
+
+    gpu_host["spec"].write_text(json.dumps(CT129))
+    monkeypatch.setenv("DDTREE_LAB_NVML_CRASH", "1")
+    was_on = faulthandler.is_enabled()
+    faulthandler.disable()  # pytest's would report the child's abort on the test's stderr
+    try:
+        info = probe_sys.nvidia_info({}, smi=gpu_host["smi"], libcuda="/absent.so",
+                                     nvml=libnvml)
+    finally:
+        if was_on:
+            faulthandler.enable()
+    assert info["source"] == "nvidia-smi" and info["present"] and len(info["gpus"]) == 2
+    assert info["gpus"][1]["dead"]

@@ -206,6 +206,30 @@ def test_cuda_version_from_libcuda_spares_the_summary_table(host: dict[str, Path
     assert "" in calls.read_text().splitlines()  # the plain `nvidia-smi` call
 
 
+def test_a_stuck_nvml_leaves_the_rest_of_the_probe(host: dict[str, Path]) -> None:
+    """NVML that hangs (the lab's libnvidia-ml told to take 8 s, as a driver stuck on a failed
+    GPU can): the probe answers after its 5 s bound with every other part, and the child left
+    behind holds none of the probe's output open."""
+    from ddtree_deploy.lab.standin_wheels import build_libnvml
+
+    env = fake_smi(host["bin"], CT129, host["tmp"])
+    libs = host["tmp"] / "driver-libs"
+    libs.mkdir()
+    build_libnvml(libs / "libnvidia-ml.so.1")
+    start = time.monotonic()
+    facts = Facts.model_validate(run_probe(
+        ["--venv", str(host["good"])], [host["bin"], Path("/usr/bin"), Path("/bin")],
+        {**env, "LD_LIBRARY_PATH": str(libs), "DDTREE_LAB_NVML_HANG": "8"}))
+    assert time.monotonic() - start < 7.5
+    assert facts.nvidia.source == "nvml" and not facts.nvidia.present
+    assert facts.nvidia.error == "NVML did not answer within 5s"
+    venv = facts.venv(str(host["good"]))
+    assert venv is not None and venv.torch is not None and venv.torch.cuda == "13.0"
+    normal = Facts.model_validate(run_probe(
+        [], [host["bin"], Path("/usr/bin"), Path("/bin")], {**env, "LD_LIBRARY_PATH": str(libs)}))
+    assert normal.nvidia.source == "nvml" and normal.nvidia.gpus[1].dead
+
+
 def test_nvidia_smi_failing_entirely(host: dict[str, Path]) -> None:
     env = fake_smi(host["bin"], CT129, host["tmp"])
     env["DDTREE_LAB_GPU_SPEC"] = str(host["tmp"] / "absent.json")  # "couldn't communicate"

@@ -73,7 +73,7 @@ def test_a_master_that_went_away_is_started_again(sshd: Sshd, known: Path) -> No
     t = connect(sshd, known)
     t.run("true").check()
     assert t.disconnect()
-    assert t.run("echo on").stdout == "on\n"  # a direct connection: still right
+    assert t.run("echo on").stdout == "on\n"  # this run starts a new master
     again = connect(sshd, known)
     assert again.run("echo back").stdout == "back\n" and again.alive()
 
@@ -92,6 +92,10 @@ def test_streams_and_timeouts(sshd: Sshd, known: Path, tmp_path: Path) -> None:
         t.run("sleep 30", timeout=1)
     assert time.monotonic() - start < 5
     assert t.run("echo still").stdout == "still\n"
+    start = time.monotonic()  # TERM ignored: killed with its group, an exit-signal (ssh: 255)
+    with pytest.raises(CommandTimeout, match="within 1s"):
+        t.run(Command.shell("trap '' TERM; sleep 30"), timeout=1)
+    assert time.monotonic() - start < 8
 
 
 def test_connect_errors_are_mapped(sshd: Sshd, known: Path, tmp_path: Path) -> None:
@@ -180,3 +184,37 @@ def test_negative_persist_is_a_config_error(sshd: Sshd, known: Path, tmp_path: P
     text = done.stderr.decode() + done.stdout.decode()
     assert done.returncode == 2 and "ssh_persist" in text and "0 or more" in text
     assert "Traceback" not in text
+
+
+def test_a_killed_master_leaves_a_socket_that_is_replaced(sshd: Sshd, known: Path) -> None:
+    import signal
+
+    t = connect(sshd, known)
+    t.run("true").check()
+    found = subprocess.run(["ssh", "-F", "none", "-S", str(t.control_path), "-O", "check", "x"],
+                           capture_output=True, text=True, check=False)
+    pid = int(found.stderr.split("pid=")[1].split(")")[0])
+    os.kill(pid, signal.SIGKILL)  # the socket file stays behind, nobody listening
+    time.sleep(0.2)
+    assert t.control_path.exists() and not t.alive()
+    assert t.run("echo again").stdout == "again\n"  # ssh removes the stale socket itself
+    assert t.alive()
+
+
+def test_control_folder_short_enough_or_paramiko(sshd: Sshd, known: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))  # too long for a socket path
+    folder = openssh.control_dir()
+    assert not str(folder).startswith(str(deep))
+    assert len(str(folder)) + 24 <= openssh.SOCKET_PATH_MAX
+    assert connect(sshd, known).run("echo short").stdout == "short\n"
+
+    def no_folder() -> Path:
+        raise openssh.TransportError("no folder")
+
+    config = load_config(_hosts_file(sshd, known, tmp_path, ""))
+    with monkeypatch.context() as patch:
+        patch.setattr(openssh, "control_dir", no_folder)
+        assert isinstance(open_transport(config, "box", reuse=True), SshTransport)

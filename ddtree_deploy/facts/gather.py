@@ -55,7 +55,7 @@ try:
                 if os.path.basename(old).split(".")[0] != name:
                     os.unlink(old)
         py_compile.compile(path, doraise=True)  # also where PYTHONDONTWRITEBYTECODE is set
-    sys.path.insert(0, home)
+    sys.path.append(home)  # after the standard library: nothing there shadows it
     probe = __import__(name)
 except Exception:  # no usable cache: run it as sent
     probe = type(sys)("probe")

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,16 +80,22 @@ class Memo:
 
         return self.derive_tracked(kind, key, compute, keep=keep)
 
-    def derive_tracked(self, kind: str, key: str, fn: Callable[[Callable[[str], None]], Any],
+    def derive_tracked(self, kind: str, key: str, fn: Callable[[Callable[[str], Any]], Any],
                        keep: Callable[[Any], bool] | None = None) -> Any:
         """Like derive when the files are found while computing: fn(track) calls track(path)
-        for each file it is about to read or look for."""
+        for each file it is about to read or look for (track returns the file's signature)."""
         full = kind + "\0" + key
         old = self.old.get(full)
         if isinstance(old, dict) and "value" in old and self._valid(old.get("deps")):
             return self._hit(full, old)
         signed: list[list[Any]] = []
-        value = fn(lambda path: signed.append([path, file_sig(path)]))
+
+        def track(path: str) -> list[int] | None:
+            sig = file_sig(path)
+            signed.append([path, sig])
+            return sig
+
+        value = fn(track)
         if keep is not None and not keep(value):
             self.misses += 1
             return value
@@ -120,8 +127,8 @@ class Memo:
         tmp = None
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            tmp = os.path.join(folder, f".probe-memo.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            tmp = os.path.join(folder, f".probe-memo.{os.getpid()}.{time.time_ns()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump({"version": MEMO_VERSION, "code": self.code, "entries": self.new}, fh)
             os.replace(tmp, self.path)

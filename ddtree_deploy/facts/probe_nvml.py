@@ -9,13 +9,18 @@ probe otherwise runs (probe_sys.nvidia_info), so the facts read the same either 
     "Not Supported" is dead, with "<nvidia-smi field>: <NVML error text>" per failing cell;
     a GPU NVML has no handle for (lost) is dead with its index and NVML's error.
 nvml_info returns None when NVML cannot be loaded or started: the caller then asks nvidia-smi,
-whose own message says why. Part of the probe bundle: stdlib only, Python >= 3.8 syntax.
+whose own message says why. nvml_info_bounded asks NVML in a forked child, as nvidia-smi was a
+child: a driver stuck on a failed GPU (or a crash in the library) can then cost the probe its
+GPU facts, never the whole probe. Part of the probe bundle: stdlib only, Python >= 3.8 syntax.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import select
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -120,6 +125,67 @@ def nvml_info(ports_by_pid: dict[int, list[int]], proc_unit: Callable[[int], str
             shutdown()
 
 
+def nvml_info_bounded(ports_by_pid: dict[int, list[int]],
+                      proc_unit: Callable[[int], str | None], lib: str = "libnvidia-ml.so.1",
+                      timeout: float = 5.0) -> dict[str, Any] | None:
+    """nvml_info in a forked child, waited for at most `timeout` s. A child that does not
+    answer in time is left behind (one stuck in the kernel cannot be killed) holding none of
+    the probe's output; a child that dies without answering counts as no NVML (None)."""
+    try:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return nvml_info(ports_by_pid, proc_unit, lib)
+    if pid == 0:  # the child: answer on the pipe, never return into the probe
+        code = 1
+        try:
+            os.close(read_fd)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # hold none of the probe's streams, even if stuck
+                os.dup2(null, fd)
+            data = json.dumps(nvml_info(ports_by_pid, proc_unit, lib)).encode()
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_fd], [], [], left)[0]:
+                _reap_later(pid)
+                return {"present": False, "source": "nvml", "driver_version": None,
+                        "cuda_version": None, "gpus": [],
+                        "error": f"NVML did not answer within {timeout:g}s"}  # fmt: skip
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+    _reap_later(pid)
+    try:
+        found = json.loads(b"".join(chunks) or b"null")
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _reap_later(pid: int) -> None:
+    """Collect the child if it has ended; one that has not is left (the probe exits soon)."""
+    for _ in range(20):
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.005)
+
+
 def _read(nvml: Nvml, ports_by_pid: dict[int, list[int]],
           proc_unit: Callable[[int], str | None]) -> dict[str, Any]:
     info: dict[str, Any] = {"present": True, "source": "nvml", "driver_version": None,
@@ -138,6 +204,7 @@ def _read(nvml: Nvml, ports_by_pid: dict[int, list[int]],
         info["error"] = f"NVML device count: {nvml.error(rc)}"
         return info
     get_handle = nvml.need("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex")
+    errors: list[str] = []
     for index in range(count.value):
         handle = ctypes.c_void_p()
         rc = get_handle(index, ctypes.byref(handle))
@@ -147,8 +214,11 @@ def _read(nvml: Nvml, ports_by_pid: dict[int, list[int]],
             continue
         gpu = _gpu(nvml, index, handle)
         if not gpu["dead"]:
-            gpu["processes"] = _processes(nvml, handle, ports_by_pid, proc_unit)
+            gpu["processes"], why = _processes(nvml, handle, ports_by_pid, proc_unit)
+            if why:  # as the nvidia-smi path reports a failed --query-compute-apps
+                errors.append(f"NVML processes of GPU {index}: {why}")
         info["gpus"].append(gpu)
+    info["error"] = "; ".join(errors) or None
     return info
 
 
@@ -190,7 +260,8 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> dict[str, Any]:
 
 
 def _processes(nvml: Nvml, handle: Any, ports_by_pid: dict[int, list[int]],
-               proc_unit: Callable[[int], str | None]) -> list[dict[str, Any]]:
+               proc_unit: Callable[[int], str | None],
+               ) -> tuple[list[dict[str, Any]], str | None]:
     found = nvml.fn("nvmlDeviceGetComputeRunningProcesses_v3",
                     "nvmlDeviceGetComputeRunningProcesses_v2")
     layout: Any = _ProcessV3
@@ -207,7 +278,7 @@ def _processes(nvml: Nvml, handle: Any, ports_by_pid: dict[int, list[int]],
             continue
         break
     if rc != NVML_SUCCESS:
-        return []
+        return [], nvml.error(rc)
     out = []
     for info in infos[: count.value]:
         pid = int(info.pid)
@@ -215,7 +286,7 @@ def _processes(nvml: Nvml, handle: Any, ports_by_pid: dict[int, list[int]],
             else int(info.usedGpuMemory // MIB)
         out.append({"pid": pid, "name": _process_name(nvml, pid), "used_mib": used,
                     "ports": sorted(ports_by_pid.get(pid, [])), "unit": proc_unit(pid)})
-    return out
+    return out, None
 
 
 def _process_name(nvml: Nvml, pid: int) -> str | None:

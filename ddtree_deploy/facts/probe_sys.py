@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ddtree_deploy.facts.probe_netlink import tcp_listeners_netlink
-from ddtree_deploy.facts.probe_nvml import nvml_info
+from ddtree_deploy.facts.probe_nvml import nvml_info_bounded
 from ddtree_deploy.facts.probe_parse import (
     APPS_QUERY,
     GPU_QUERY,
@@ -259,8 +259,10 @@ def nvidia_info(ports_by_pid: dict[int, list[int]], smi: str = "nvidia-smi",
     where NVML does not start, from two parallel nvidia-smi queries and libcuda, and the
     summary table (the slowest call: 0.1 s on a real H200) only for the CUDA version where
     libcuda cannot tell it."""
-    found = nvml_info(ports_by_pid, proc_unit, nvml)
+    found = nvml_info_bounded(ports_by_pid, proc_unit, nvml, CMD_TIMEOUT_S)
     if found is not None:
+        if found["present"] and not found.get("cuda_version"):
+            found["cuda_version"] = cuda_driver_version(libcuda)
         return found
     info: dict[str, Any] = {"present": False, "source": "nvidia-smi", "driver_version": None,
                             "cuda_version": None, "gpus": [], "error": None}  # fmt: skip

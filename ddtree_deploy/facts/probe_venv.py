@@ -26,6 +26,7 @@ from ddtree_deploy.facts.probe_parse import (
 
 EXT_SCAN_BUDGET_S = 20.0  # stop walking a venv's shared objects after this long
 EXT_SKIP_TOP = ("nvidia",)  # the CUDA libraries themselves: reported by the layout part
+RACY_S = 2.0  # a folder changed this recently may change again unseen in the same clock tick
 _SO_RE = re.compile(r"\.so(\.\d+)*$")
 CU12_COMPONENTS = (
     "cublas", "cuda_cupti", "cuda_nvcc", "cuda_nvrtc", "cuda_runtime", "cufft", "cufile",
@@ -172,12 +173,25 @@ def shared_objects(sp: str, deadline: float | None = None,
     __pycache__, the top-level nvidia/ and *.dist-info left out; and whether the walk finished
     before `deadline` (monotonic). With a memo, a finished walk is reused while none of the
     folders it listed has changed (a folder's mtime and ctime move when an entry is added,
-    removed or renamed in it): one stat per folder instead of reading each folder again."""
+    removed or renamed in it): one stat per folder instead of reading each folder again. A walk
+    that listed a folder changed in the last RACY_S seconds is not kept: a change in the same
+    clock tick as the listing could leave the folder's times as they were."""
     if memo is None:
         return _walk(sp, deadline, lambda _path: None)
-    found, complete = memo.derive_tracked("walk", sp,
-                                          lambda track: list(_walk(sp, deadline, track)),
-                                          keep=lambda value: bool(value[1]))  # fmt: skip
+    racy: list[bool] = []
+
+    def walk(track: Callable[[str], Any]) -> list[Any]:
+        since = time.time_ns() - int(RACY_S * 1e9)
+
+        def sign(path: str) -> None:
+            sig = track(path)
+            if sig is not None and max(sig[1], sig[2]) >= since:
+                racy.append(True)
+
+        return list(_walk(sp, deadline, sign))
+
+    found, complete = memo.derive_tracked("walk", sp, walk,
+                                          keep=lambda value: bool(value[1]) and not racy)
     return list(found), bool(complete)
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddtree_deploy import paths
-from ddtree_deploy.errors import LabError
+from ddtree_deploy.errors import LabError, TransportError
 from ddtree_deploy.lab import container, keys, netns, provision, rootfs, wheelhouse
 from ddtree_deploy.lab.topology import SUBNET_PREFIX, LabHost, gpu_spec_json, lab_hosts
 
@@ -87,7 +87,10 @@ def _end_kept_connection(address: str) -> bool:
     spec = HostSpec.model_validate({"name": address, "address": address,
                                     "identity_file": str(lab_state_dir() / "id_ed25519"),
                                     "known_hosts": str(lab_state_dir() / "known_hosts")})
-    return openssh_transport(spec).disconnect()
+    try:
+        return openssh_transport(spec).disconnect()
+    except TransportError:  # no usable control folder: then no master either
+        return False
 
 
 def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:

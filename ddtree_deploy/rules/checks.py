@@ -79,7 +79,7 @@ def nvidia_absent(ctx: Ctx) -> Iterable[Finding]:
         yield Finding(
             id="nvidia.absent",
             severity="warning",
-            message="nvidia-smi did not answer: no GPU driver seen on this host",
+            message="the GPU driver did not answer (NVML, nvidia-smi): no GPU seen on this host",
             evidence={"error": nv.error},
             remedy="install or load the NVIDIA driver (R580+ for the cu130 lane), then "
             f"`ddtree-deploy doctor {ctx.host}` again",

@@ -292,9 +292,10 @@ class ExecTransport(ABC):
         stderr = decode(raw.stderr)
         timed_out = raw.timed_out or (
             # coreutils timeout exits 124; when KILL was needed it dies with its group
-            # (128+9 locally, an exit-signal and no status over SSH).
+            # (128+9 locally, an exit-signal and no status over SSH, which the OpenSSH
+            # client reports as 255).
             timeout is not None
-            and raw.exit_code in (124, 137, None, -1)
+            and raw.exit_code in (124, 137, 255, None, -1)
             and duration >= timeout * 0.9
         )
         if timed_out:

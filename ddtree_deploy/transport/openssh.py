@@ -36,11 +36,23 @@ from ddtree_deploy.transport.local import run_process
 SSH_LOST = 255  # what ssh exits with when it, not the command, failed
 
 
+# A socket path holds at most 103 bytes (104 on BSD and macOS, with the NUL); ssh binds the
+# master on the name plus "." and 16 random characters before renaming it.
+SOCKET_PATH_MAX = 103 - 17
+SOCKET_NAME_LEN = len("cm-") + 20
+
+
 def control_dir() -> Path:
-    """The user's private folder for master sockets (short: a socket path is <= 104 bytes)."""
+    """The user's private folder for master sockets: under $XDG_RUNTIME_DIR, else the temporary
+    folder, else /tmp, the first where a socket's path stays short enough."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path(tempfile.gettempdir())
-    folder = base / f"ddtree-deploy-ssh-{os.getuid()}"
+    bases = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
+    bases += [Path(tempfile.gettempdir()), Path("/tmp")]  # noqa: S108 - a private folder in it
+    name = f"ddtree-deploy-ssh-{os.getuid()}"
+    fits = [b for b in bases if len(str(b / name)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX]
+    if not fits:
+        raise TransportError(f"no folder short enough for SSH control sockets ({bases[0]})")
+    folder = fits[0] / name
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         info = folder.lstat()
@@ -100,6 +112,11 @@ class OpenSshTransport(ExecTransport):
             "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={self._quoted(self.known_hosts)}",
             "-o", "GlobalKnownHostsFile=/dev/null",
+            # only that file, never written (older clients' defaults add IP lines, rotate
+            # keys or ask DNS): as the paramiko transport checks
+            "-o", "CheckHostIP=no",
+            "-o", "UpdateHostKeys=no",
+            "-o", "VerifyHostKeyDNS=no",
             "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
             "-o", "ServerAliveInterval=15",
             "-o", "ServerAliveCountMax=3",
@@ -119,7 +136,7 @@ class OpenSshTransport(ExecTransport):
     # -- the master -----------------------------------------------------------
 
     def _control(self, op: str, timeout: float = 5.0) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([*self._base, "-O", op, self.target], stdin=subprocess.DEVNULL,
+        return subprocess.run([*self._base, "-O", op, "--", self.target], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=timeout, check=False)
 
     def alive(self) -> bool:
@@ -164,14 +181,14 @@ class OpenSshTransport(ExecTransport):
         # to the background (its output to /dev/null) and runs the command through it. A stale
         # socket is removed by ssh itself.
         argv = [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={self._persist}s",
-                "-T", "-e", "none", self.target, script]
+                "-T", "-e", "none", "--", self.target, script]
         # Killing the client at the deadline ends the session; the host's side is bounded by
         # the command's own timeout wrapper.
         outcome = run_process(argv, stdin=stdin, stdout=stdout, deadline=deadline,
                               own_group=False, host=self.host)
         if outcome.exit_code == SSH_LOST:
             text = outcome.stderr.decode("utf-8", "replace")
-            if "mux_client_request_session" in text or "Session open refused" in text:
+            if "session request failed" in text or "Session open refused" in text:
                 raise TransportError(f"{self._where}: the server refused a session: "
                                      f"{_last_line(text)}")
             if not self.alive():  # ssh's own failure: connecting, or the connection was lost

@@ -13,6 +13,8 @@
  * utilization and performance state with NVML_ERROR_UNKNOWN ("Unknown Error"), as the real
  * driver does for the GPU nvidia-smi shows with "ERR!". No spec: nvmlInit fails with
  * NVML_ERROR_DRIVER_NOT_LOADED. Return codes and struct layouts are those of nvml.h.
+ * Two failures of a real driver, for tests: $DDTREE_LAB_NVML_HANG=N makes nvmlInit take N
+ * seconds (a driver stuck on a failed GPU), $DDTREE_LAB_NVML_CRASH=1 makes it abort.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -258,6 +260,11 @@ static void load_claims(void)
 
 API int nvmlInit_v2(void)
 {
+    const char *hang = getenv("DDTREE_LAB_NVML_HANG");
+    if (hang && atoi(hang) > 0)
+        sleep((unsigned int)atoi(hang));
+    if (getenv("DDTREE_LAB_NVML_CRASH"))
+        abort();
     int rc = load_spec();
     if (rc != OK)
         return rc;
