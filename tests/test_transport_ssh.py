@@ -60,6 +60,20 @@ def connect(sshd: Sshd, known_hosts: Path, **kwargs: object) -> SshTransport:
     return SshTransport("127.0.0.1", known_hosts=known_hosts, **options)  # type: ignore[arg-type]
 
 
+class Seen(io.BytesIO):
+    """A command's standard output as it comes; `ready` once it has printed READY."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready = threading.Event()
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        n = super().write(data)
+        if b"READY" in self.getvalue():
+            self.ready.set()
+        return n
+
+
 def _alive(pattern: str) -> bool:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
 
@@ -101,15 +115,6 @@ def test_a_held_command_and_others_share_the_connection(sshd: Sshd, known: Path)
             release.wait(10)
             return b""
 
-    class Seen(io.BytesIO):
-        ready = threading.Event()
-
-        def write(self, data: bytes) -> int:  # type: ignore[override]
-            n = super().write(data)
-            if b"READY" in self.getvalue():
-                self.ready.set()
-            return n
-
     seen = Seen()
     with connect(sshd, known) as t:
         holder = threading.Thread(target=lambda: t.run_piped(
@@ -139,10 +144,11 @@ def test_a_refused_session_leaves_the_connection_and_close_is_final(tmp_path: Pa
         t = connect(server, known_hosts)
         t.run("true").check()
         first = t._ensure()
-        holder = threading.Thread(target=lambda: t.run_stream_in(
-            "cat >/dev/null", Stdin(), timeout=30))  # type: ignore[arg-type]
+        seen = Seen()
+        holder = threading.Thread(target=lambda: t.run_piped(
+            "echo READY; cat >/dev/null", Stdin(), seen, timeout=30))  # type: ignore[arg-type]
         holder.start()
-        time.sleep(0.5)
+        assert seen.ready.wait(10)  # the one session the server allows is taken
         with pytest.raises(TransportError, match="refused a session"):
             t.run("true")
         release.set()
