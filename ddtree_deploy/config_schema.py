@@ -109,7 +109,7 @@ def _fraction(value: float) -> float:
     return value
 
 
-def _text(what: str) -> Callable[[Any], Any]:
+def quoted_text(what: str) -> Callable[[Any], Any]:
     """Before-check of a string field: a clear message when YAML typed it as something else."""
 
     def check(value: Any) -> Any:
@@ -186,7 +186,7 @@ def _sudo(value: Any) -> Any:
 
 
 def _local_path(value: Any, info: ValidationInfo) -> Path:
-    text = _text("a path")(value)
+    text = quoted_text("a path")(value)
     expanded = Path(expand_vars(text)).expanduser()
     base = (info.context or {}).get("base_dir")
     if not expanded.is_absolute() and isinstance(base, Path):
@@ -195,7 +195,7 @@ def _local_path(value: Any, info: ValidationInfo) -> Path:
 
 
 def _remote_path(value: Any) -> PurePosixPath:
-    text = _text("an absolute path")(value)
+    text = quoted_text("an absolute path")(value)
     expanded = expand_vars(text)
     if not expanded.startswith("/"):
         hint = " ('~' is not expanded for paths on a host)" if expanded.startswith("~") else ""
@@ -211,23 +211,23 @@ Seconds = Annotated[float, AfterValidator(_positive)]
 NonNegSeconds = Annotated[float, AfterValidator(_non_negative)]
 Fraction = Annotated[float, AfterValidator(_fraction)]
 ItemName = Annotated[
-    str, BeforeValidator(_text("a name")),
+    str, BeforeValidator(quoted_text("a name")),
     AfterValidator(_matches(ITEM_NAME_RE, "a name of letters, digits, '.', '_' and '-'")),
 ]  # fmt: skip
-RefName = Annotated[str, BeforeValidator(_text("a name"))]
+RefName = Annotated[str, BeforeValidator(quoted_text("a name"))]
 LocalPath = Annotated[Path, BeforeValidator(_local_path)]
 RemotePath = Annotated[PurePosixPath, BeforeValidator(_remote_path)]
 Address = Annotated[
-    str, BeforeValidator(_text("a hostname or IP address")), AfterValidator(_address)
+    str, BeforeValidator(quoted_text("a hostname or IP address")), AfterValidator(_address)
 ]
-SshName = Annotated[str, BeforeValidator(_text("a name")), AfterValidator(_no_space)]
-PepVersion = Annotated[str, BeforeValidator(_text("a version")), AfterValidator(_version)]
+SshName = Annotated[str, BeforeValidator(quoted_text("a name")), AfterValidator(_no_space)]
+PepVersion = Annotated[str, BeforeValidator(quoted_text("a version")), AfterValidator(_version)]
 PepRequirement = Annotated[
-    str, BeforeValidator(_text("a requirement")), AfterValidator(_requirement)
+    str, BeforeValidator(quoted_text("a requirement")), AfterValidator(_requirement)
 ]
-UnitStem = Annotated[str, BeforeValidator(_text("a unit name")), AfterValidator(_unit_stem)]
+UnitStem = Annotated[str, BeforeValidator(quoted_text("a unit name")), AfterValidator(_unit_stem)]
 PythonVersion = Annotated[
-    str, BeforeValidator(_text('a Python version such as "3.11"')), AfterValidator(_python)
+    str, BeforeValidator(quoted_text('a Python version such as "3.11"')), AfterValidator(_python)
 ]
 Sudo = Annotated[SudoMode, PlainValidator(_sudo)]
 
@@ -267,7 +267,7 @@ class _Model(BaseModel):
 
 class GpuSpec(_Model):
     count: NonNegInt
-    model: Annotated[str, BeforeValidator(_text("a GPU model name"))] | None = None
+    model: Annotated[str, BeforeValidator(quoted_text("a GPU model name"))] | None = None
 
 
 class VenvCreate(_Model):

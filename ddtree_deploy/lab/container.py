@@ -19,6 +19,7 @@ from pathlib import Path
 from ddtree_deploy.errors import LabError
 from ddtree_deploy.lab.sysrun import sh
 from ddtree_deploy.lab.topology import LabHost
+from ddtree_deploy.localproc import pid_alive
 
 
 def mount_overlay(lowers: list[Path], upper: Path, work: Path, merged: Path) -> None:
@@ -92,21 +93,6 @@ def wait_for_ssh(address: str, deadline_s: float, pid: int) -> None:
             last = str(exc)
         time.sleep(0.2)
     raise LabError(f"sshd at {address}:22 did not answer within {deadline_s:.0f}s ({last})")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def pid_cmdline(pid: int) -> list[str]:

@@ -72,7 +72,7 @@ class LaneSpec:
     rpath: str
     requires: tuple[str, ...]
     nvidia: tuple[NvidiaStandin, ...]
-    local_in_metadata: bool  # PyTorch-index builds keep +cuXXX in the dist-info version
+    local_in_metadata: bool  # PyTorch-index builds keep the +cu130-style tag in dist-info
 
     @property
     def major(self) -> str:

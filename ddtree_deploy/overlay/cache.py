@@ -24,6 +24,7 @@ import zstandard
 
 from ddtree_deploy import paths
 from ddtree_deploy.errors import DeployError
+from ddtree_deploy.localproc import pid_alive
 
 CHUNK = 1024 * 1024
 LEVEL = 3  # per-blob level on disk: fast (hundreds of MB/s) and CUDA .so files shrink 2-4x
@@ -44,16 +45,6 @@ def check_sha(sha256: str) -> str:
 
 def default_root() -> Path:
     return paths.cache_dir() / "blobs"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class BlobCache:
@@ -175,7 +166,7 @@ class BlobCache:
         removed = 0
         for tmp in (self.root / "tmp").iterdir():
             pid_text = tmp.name.split("-", 1)[0]
-            if pid_text.isdigit() and int(pid_text) > 0 and _pid_alive(int(pid_text)):
+            if pid_text.isdigit() and int(pid_text) > 0 and pid_alive(int(pid_text)):
                 continue  # its writer (maybe this process) may still be busy with it
             with contextlib.suppress(OSError):
                 tmp.unlink()

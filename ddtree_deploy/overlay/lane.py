@@ -19,11 +19,13 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from ddtree_deploy.config_schema import quoted_text
 from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.facts.probe_parse import canonical_name
 from ddtree_deploy.resources import data_path
 from ddtree_deploy.yamlload import Problem, load_yaml_file
 from ddtree_deploy.yamlmodel import load_model
@@ -36,24 +38,8 @@ CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 GLOB_CHARS = frozenset("*?[")
 
 
-def canonical_name(name: str) -> str:
-    """PEP 503 normal form: lower case, runs of '-', '_', '.' become one '-'."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def is_glob(pattern: str) -> bool:
     return any(c in GLOB_CHARS for c in pattern)
-
-
-def _string(what: str) -> Any:
-    def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, str):
-            if isinstance(value, int | float):
-                raise ValueError(f"expected {what} in quotes (YAML reads this as a number)")
-            raise ValueError(f"expected {what} (a string)")
-        return value
-
-    return check
 
 
 def _pattern(value: str) -> str:
@@ -112,16 +98,20 @@ def _major(value: int) -> int:
     return value
 
 
-Pattern = Annotated[str, BeforeValidator(_string("a distribution name")), AfterValidator(_pattern)]
-ModuleName = Annotated[str, BeforeValidator(_string("a module name")), AfterValidator(_module)]
+Pattern = Annotated[
+    str, BeforeValidator(quoted_text("a distribution name")), AfterValidator(_pattern)
+]
+ModuleName = Annotated[str, BeforeValidator(quoted_text("a module name")), AfterValidator(_module)]
 
 
 class LaneSource(BaseModel):
     """Where the lane's distributions come from by default."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    host: Annotated[str, BeforeValidator(_string("a host name")), AfterValidator(_host)]
-    venv: Annotated[str, BeforeValidator(_string("an absolute path")), AfterValidator(_abs_path)]
+    host: Annotated[str, BeforeValidator(quoted_text("a host name")), AfterValidator(_host)]
+    venv: Annotated[
+        str, BeforeValidator(quoted_text("an absolute path")), AfterValidator(_abs_path)
+    ]
 
 
 class LaneChecks(BaseModel):
@@ -129,7 +119,7 @@ class LaneChecks(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     torch_cuda: (
-        Annotated[str, BeforeValidator(_string("a CUDA version")), AfterValidator(_cuda)] | None
+        Annotated[str, BeforeValidator(quoted_text("a CUDA version")), AfterValidator(_cuda)] | None
     ) = None  # torch.version.cuda must equal this
     extension_cudart_major: Annotated[int, AfterValidator(_major)] | None = None
     # every shared object of the lane that needs libcudart.so.N must have N == this
@@ -140,7 +130,7 @@ class Lane(BaseModel):
     """One lane file."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    lane: Annotated[str, BeforeValidator(_string("a lane name")), AfterValidator(_lane_name)]
+    lane: Annotated[str, BeforeValidator(quoted_text("a lane name")), AfterValidator(_lane_name)]
     description: str = ""
     source: LaneSource
     distributions: Annotated[list[Pattern], AfterValidator(_non_empty)]
