@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import typer
 
@@ -33,12 +33,11 @@ class _LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.made(), name)
 
-    def stream_is_tty(self) -> bool:
-        """Whether this console's stream is a terminal, asked without making the console."""
+    def unmade_stream(self) -> TextIO | None:
+        """The stream the console will write to, while it is not made yet."""
         if self._console is not None:
-            return bool(self._console.is_terminal)
-        stream = sys.stderr if self._options.get("stderr") else sys.stdout
-        return stream.isatty()
+            return None
+        return sys.stderr if self._options.get("stderr") else sys.stdout
 
 
 def console(**options: Any) -> Console:
@@ -51,8 +50,14 @@ def rich_console(con: Console) -> Console:
     return con.made() if isinstance(con, _LazyConsole) else con
 
 
+def _unmade_stream(con: Console) -> TextIO | None:
+    return con.unmade_stream() if isinstance(con, _LazyConsole) else None
+
+
 def is_tty(con: Console) -> bool:
-    return con.stream_is_tty() if isinstance(con, _LazyConsole) else bool(con.is_terminal)
+    """Whether the console writes to a terminal (asked without making a lazy one)."""
+    stream = _unmade_stream(con)
+    return stream.isatty() if stream is not None else bool(con.is_terminal)
 
 
 def config_of(ctx: typer.Context) -> Config:
@@ -83,7 +88,6 @@ def print_json(con: Console, data: object) -> None:
     if is_tty(con):
         con.print_json(data=value)
     else:
-        stream = con.file if not isinstance(con, _LazyConsole) or con._console is not None \
-            else sys.stdout
+        stream = _unmade_stream(con) or con.file
         stream.write(json.dumps(value, indent=2) + "\n")
         stream.flush()
