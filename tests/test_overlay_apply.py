@@ -322,6 +322,22 @@ def test_failed_check_rolls_back(script: Path, tmp_path: Path, elves: dict[str, 
     assert hist["history"][-1]["result"] == "rolled-back"
 
 
+def test_a_backup_folder_left_by_a_killed_run_is_not_reused(script: Path, tmp_path: Path,
+                                                            elves: dict[str, bytes]) -> None:
+    """A run killed after making its backup folder but before its journal named it leaves
+    that folder behind; a retry within the same second makes a folder of its own."""
+    sc = scene(script, tmp_path, lane_versions(elves))
+    backups = sc.venv / ".ddtree-deploy" / "overlay" / "backups"
+    start = time.time()
+    for dt in range(4):  # the names this second and the next few can take
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(start + dt))
+        (backups / f"{stamp}-{sc.plan.lane}-{sc.plan.id[:8]}" / "files").mkdir(parents=True)
+    code, out = run(sc, "apply", str(sc.request))
+    assert (code, out["result"]) == (0, "applied"), out
+    assert out["backup"].endswith(".2") and lane_state(sc) == "new"
+    assert [p.name for p in backups.iterdir()] == [out["backup"]]  # the leftovers pruned
+
+
 def test_corrupt_staging_refused_before_touching(script: Path, tmp_path: Path,
         elves: dict[str, bytes]) -> None:
     sc = scene(script, tmp_path, lane_versions(elves))

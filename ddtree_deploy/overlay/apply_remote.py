@@ -179,6 +179,19 @@ def swap(site: Site, man: dict[str, Any]) -> None:
     site.prune_dirs(man["delete"])
 
 
+def new_backup(site: Site, stem: str) -> str:
+    """A backup folder of its own: `stem`, or `stem.N` where a run killed before its journal
+    named its folder left one of that name (a retry within the same second)."""
+    name, n = stem, 1
+    while True:
+        try:
+            os.makedirs(os.path.join(site.dir, "backups", name, "files"))
+            return name
+        except FileExistsError:
+            n += 1
+            name = f"{stem}.{n}"
+
+
 def do_apply(site: Site, req: dict[str, Any], token: str | None) -> dict[str, Any]:
     plan = req["plan"]
     journal = read_json(site.journal) or {}
@@ -189,10 +202,9 @@ def do_apply(site: Site, req: dict[str, Any], token: str | None) -> dict[str, An
     if not man["delete"] and len(man["keep"]) == len(man["placed"]):
         return {"result": "unchanged", "plan_id": plan["id"], "lane": plan["lane"],
                 "message": "the target already has every file of the plan"}
-    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{plan['lane']}-{plan['id'][:8]}"
+    name = new_backup(site, f"{time.strftime('%Y%m%dT%H%M%S')}-{plan['lane']}-{plan['id'][:8]}")
     man["backup"] = name
     bdir = os.path.join(site.dir, "backups", name)
-    os.makedirs(os.path.join(bdir, "files"))
     write_json(os.path.join(bdir, "manifest.json"), man)
     base = {"op": "apply", "plan_id": plan["id"], "lane": plan["lane"], "backup": name,
             "token": token, "pid": os.getpid(), "started": now()}
