@@ -1,6 +1,6 @@
 """The lab's stand-in wheels: metadata and ELF markers as the real packages, real loader errors.
 
-Expected values come from the real packages where we have them: shared/fixtures/real
+Expected values come from the real packages where we have them: tests/facts/real
 (readelf -d and METADATA of the registry's torch and sglang-kernel wheels, an H200
 host's torch 2.11.0+cu130) and the real CUDA runtime wheels. Import checks run in
 python3.11 venvs through ``ld.so --inhibit-cache``, so a CUDA toolkit registered in
@@ -26,9 +26,8 @@ from ddtree_deploy.errors import LabError
 from ddtree_deploy.lab import standin_wheels as sw
 from ddtree_deploy.lab.elfstub import read_dynamic
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/real")
+# Copies of shared/fixtures/real (tests/facts/real/SOURCES.txt says where each came from).
+FIXTURES = Path(__file__).parent / "facts" / "real"
 RUNTIME = {
     "cu130": "nvidia-cuda-runtime==13.0.96",
     "cu128": "nvidia-cuda-runtime-cu12==12.8.90",
