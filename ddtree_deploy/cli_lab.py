@@ -16,19 +16,27 @@ out = console()
 
 
 def _say(msg: str) -> None:
-    err.print(f"[dim]lab:[/dim] {msg}")
+    from rich.text import Text
+
+    err.print(Text.assemble(("lab: ", "dim"), msg))  # msg may quote a command line: as text
+
+
+WAIT_HELP = ("if another process holds the lab, wait up to SECONDS for it "
+             "(default: refuse at once, naming the holder)")
 
 
 @app.command()
 def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
-                                 help="add N more hosts like ct200 (ct201, ...)")) -> None:
+                                 help="add N more hosts like ct200 (ct201, ...)"),
+       wait: float = typer.Option(0.0, "--wait", min=0, metavar="SECONDS", help=WAIT_HELP),
+       ) -> None:
     """Bring the lab up (clearing leftovers of an earlier run first)."""
     from rich.table import Table
 
     from ddtree_deploy.lab import manager
 
     with err.status("lab up ..."):
-        hosts = manager.up(extra=extra, report=_say)
+        hosts = manager.up(extra=extra, report=_say, wait_s=wait)
     table = Table(title="lab hosts")
     for col in ("host", "address", "GPUs", "venvs"):
         table.add_column(col)
@@ -40,12 +48,13 @@ def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
 
 @app.command()
 def down(purge: bool = typer.Option(False, "--purge",
-                                    help="also remove the caches (rootfs, wheels) and lab keys")
+                                    help="also remove the caches (rootfs, wheels) and lab keys"),
+         wait: float = typer.Option(0.0, "--wait", min=0, metavar="SECONDS", help=WAIT_HELP),
          ) -> None:
     """Take the lab down: no containers, mounts, namespaces or daemons are left."""
     from ddtree_deploy.lab import manager
 
-    removed = manager.down(purge=purge, report=_say)
+    removed = manager.down(purge=purge, report=_say, wait_s=wait)
     out.print(f"lab down: removed {len(removed)} items" if removed else "lab down: nothing to do")
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -218,3 +219,21 @@ def test_up_clears_leftovers_of_a_killed_run_and_down_leaves_nothing(lab: Config
     assert not Path("/sys/class/net/ddtl-ct129").exists()
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
     assert "10.77." not in routes
+
+
+def test_a_second_lab_up_from_another_process_tree_is_refused(lab: Config, tmp_path: Path) -> None:
+    # A benchmark started while a test session runs once tore the session's containers down.
+    # This session holds the lab (conftest), so an outside `lab up` is refused, naming us.
+    before = {h.name: h.pid for h in manager.status()}
+    cli = str(Path(sys.executable).with_name("ddtree-deploy"))
+    out, rc = tmp_path / "out", tmp_path / "rc"
+    # Detached (its parent shell exits at once): not a descendant of this session.
+    subprocess.run(["sh", "-c", '("$1" lab up >"$2" 2>&1; echo $? >"$3.tmp"; mv "$3.tmp" "$3") '
+                                '</dev/null >/dev/null 2>&1 &', "sh", cli, str(out), str(rc)],
+                   check=True)
+    deadline = time.monotonic() + 120
+    while not rc.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rc.read_text().strip() == "1", out.read_text()
+    assert f"PID {os.getpid()}" in out.read_text() and "Traceback" not in out.read_text()
+    assert {h.name: h.pid for h in manager.status() if h.running} == before

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from ddtree_deploy.errors import LabError
+from ddtree_deploy.lab.fsguard import mounts_under, remove_tree
 from ddtree_deploy.lab.sysrun import sh
 from ddtree_deploy.lab.topology import LabHost
 from ddtree_deploy.localproc import pid_alive
@@ -28,18 +28,6 @@ def mount_overlay(lowers: list[Path], upper: Path, work: Path, merged: Path) -> 
     lowerdir = ":".join(str(p) for p in lowers)
     sh(["mount", "-t", "overlay", "overlay", "-o",
         f"lowerdir={lowerdir},upperdir={upper},workdir={work}", str(merged)])
-
-
-def mounts_under(root: Path) -> list[Path]:
-    """Mount points at or below root, deepest first (from /proc/self/mountinfo)."""
-    found = []
-    prefix = str(root.resolve())
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        for line in fh:
-            point = line.split()[4].replace("\\040", " ")
-            if point == prefix or point.startswith(prefix + "/"):
-                found.append(Path(point))
-    return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
 def unmount_all(root: Path) -> None:
@@ -141,8 +129,8 @@ def nspawn_pids_for(root: Path) -> list[int]:
 
 
 def reset_dir(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)
+    """An empty folder at path; refuses (MountedError) if something is mounted in it."""
+    remove_tree(path)
     path.mkdir(parents=True)
 
 

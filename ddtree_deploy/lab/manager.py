@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from ddtree_deploy import paths
 from ddtree_deploy.errors import LabError, TransportError
-from ddtree_deploy.lab import container, keys, netns, provision, rootfs, wheelhouse
+from ddtree_deploy.lab import container, keys, lock, netns, provision, rootfs, wheelhouse
 from ddtree_deploy.lab.topology import SUBNET_PREFIX, LabHost, gpu_spec_json, lab_hosts
 
 Report = Callable[[str], None]
@@ -93,9 +92,17 @@ def _end_kept_connection(address: str) -> bool:
         return False
 
 
-def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:
-    """Stop every lab container and remove mounts, namespaces and run folders."""
+def down(purge: bool = False, report: Report = lambda _m: None, wait_s: float = 0.0) -> list[str]:
+    """Stop every lab container and remove mounts, namespaces and run folders.
+
+    Holds the lab lock (waiting up to wait_s for another holder, then LabBusyError).
+    """
     _require_root()
+    with lock.hold(wait_s, waiting=lambda who: report(f"waiting for the lab: in use by {who}")):
+        return _down(purge, report)
+
+
+def _down(purge: bool, report: Report) -> list[str]:
     removed: list[str] = []
     run_root = lab_state_dir() / "run"
     for host in _load_state():
@@ -124,24 +131,32 @@ def down(purge: bool = False, report: Report = lambda _m: None) -> list[str]:
         netns.delete(ns, veth)
         removed.append(f"netns {ns}")
     netns.unguard_subnet(SUBNET_PREFIX)
-    if run_root.exists():
-        shutil.rmtree(run_root)
+    container.remove_tree(run_root)  # refuses if a mount could not be undone
     _state_file().unlink(missing_ok=True)
     if purge:
         for folder in (lab_cache_dir(), lab_state_dir()):
             if folder.exists():
-                shutil.rmtree(folder)
+                container.remove_tree(folder)
                 removed.append(f"folder {folder}")
     return removed
 
 
 def up(
-    extra: int = 0, report: Report = lambda _m: None, boot_timeout: float = 60.0
+    extra: int = 0, report: Report = lambda _m: None, boot_timeout: float = 60.0,
+    wait_s: float = 0.0,
 ) -> list[LabHost]:
-    """Bring the lab up from whatever state the machine is in; return its hosts."""
+    """Bring the lab up from whatever state the machine is in; return its hosts.
+
+    Holds the lab lock (waiting up to wait_s for another holder, then LabBusyError).
+    """
     _require_root()
+    with lock.hold(wait_s, waiting=lambda who: report(f"waiting for the lab: in use by {who}")):
+        return _up(extra, report, boot_timeout)
+
+
+def _up(extra: int, report: Report, boot_timeout: float) -> list[LabHost]:
     hosts = lab_hosts(extra)
-    leftovers = down(report=report)
+    leftovers = _down(False, report)
     if leftovers:
         report(f"cleared {len(leftovers)} leftovers of an earlier run")
     cache = lab_cache_dir()
@@ -171,7 +186,7 @@ def up(
             list(pool.map(lambda s: container.wait_for_ssh(s.address, boot_timeout, s.pid),
                           states))
     except BaseException:
-        down()
+        _down(False, report)
         raise
     report(f"lab up in {time.monotonic() - t0:.1f}s")
     return hosts

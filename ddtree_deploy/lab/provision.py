@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import shutil
 from pathlib import Path
 
 from ddtree_deploy.lab import container, standin_dist, standin_wheels
@@ -135,8 +134,7 @@ def ensure_layer(
         return layer / "upper"
     partial = layer.with_name(layer.name + ".partial")
     container.unmount_all(partial)
-    if partial.exists():
-        shutil.rmtree(partial)
+    container.remove_tree(partial)
     merged = partial / "merged"
     container.mount_overlay([rootfs], partial / "upper", partial / "work", merged)
     try:
@@ -152,11 +150,10 @@ def ensure_layer(
         )
     finally:
         container.unmount_all(partial)
-    shutil.rmtree(partial / "work", ignore_errors=True)
-    shutil.rmtree(merged, ignore_errors=True)
+    container.remove_tree(partial / "work")  # never through a mount left in place
+    container.remove_tree(merged)
     (partial / ".complete").write_text("ok\n")
-    if layer.exists():
-        shutil.rmtree(layer)
+    container.remove_tree(layer)
     partial.rename(layer)
     return layer / "upper"
 

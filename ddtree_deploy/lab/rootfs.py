@@ -8,9 +8,9 @@ the package list below changes.
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 
+from ddtree_deploy.lab.fsguard import remove_tree
 from ddtree_deploy.lab.sysrun import sh
 
 SUITE = "bookworm"
@@ -39,8 +39,7 @@ def ensure_rootfs(cache: Path, log: list[str] | None = None) -> Path:
     if (target / ".complete").exists():
         return target
     tmp = target.with_name(target.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    remove_tree(tmp)  # refuses through a mount
     tmp.parent.mkdir(parents=True, exist_ok=True)
     if log is not None:
         log.append(f"debootstrap {SUITE} into {target}")
@@ -61,7 +60,6 @@ def ensure_rootfs(cache: Path, log: list[str] | None = None) -> Path:
         key.unlink()
     (tmp / "etc/machine-id").write_text("")
     (tmp / ".complete").write_text(rootfs_key() + "\n")
-    if target.exists():
-        shutil.rmtree(target)
+    remove_tree(target)
     tmp.rename(target)
     return target
