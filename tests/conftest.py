@@ -53,13 +53,11 @@ def lab_session() -> Iterator[None]:
         if os.environ.get("CI"):
             pytest.fail(f"lab tests must run in CI: {reason}")
         pytest.skip(reason)
-    import sys
-
     from ddtree_deploy.lab import lock, manager
 
     # The whole session holds the lab: another `lab up` (a benchmark, a second session) waits
     # for it or is refused naming this process, instead of tearing these containers down.
-    with lock.hold(3600, waiting=lambda who: print(f"lab: waiting for {who}", file=sys.stderr)):
+    with lock.session():
         manager.up()
         try:
             yield

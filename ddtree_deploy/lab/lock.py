@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -159,3 +160,9 @@ def hold(wait_s: float = 0.0, *, path: Path | None = None,
             os.ftruncate(fd, 0)  # released: nobody is recorded (before the flock goes)
     finally:
         os.close(fd)
+
+
+def session(wait_s: float = 3600.0) -> contextlib.AbstractContextManager[Holder]:
+    """Hold the lab for a whole run (a test session, a benchmark), saying whom it waits for."""
+    return hold(wait_s, waiting=lambda who: print(f"lab: waiting for {who}", file=sys.stderr,
+                                                  flush=True))
