@@ -27,13 +27,15 @@ import pytest
 from ddtree_deploy.health.signatures import SIGNATURES, fill_remedy, match_line, scan
 
 DATA = Path(__file__).parent / "data" / "signatures"
+REAL = Path(__file__).parent / "data" / "real" / "sglang-0.5.11-h200"  # README.md: provenance
 ROWS: list[dict[str, Any]] = [
     row for f in sorted(DATA.glob("*.json")) for row in json.loads(f.read_text())
 ]
 CONTEXT = {"host": "ct200", "name": "sglang-ddtree", "venv": "/root/venv_sglang",
            "deployment": "ddtree", "port": 30001}
-LIVE_IDS = {"abi-missing-cuda-library", "abi-undefined-symbol", "cuda-driver-missing",
-            "gpu-unavailable", "cuda-oom", "port-in-use"}
+REAL_LOG_IDS = {"soundfile-missing", "ddtree-attention-backend"}  # whole real H200 logs below
+LIVE_IDS = REAL_LOG_IDS | {"abi-missing-cuda-library", "abi-undefined-symbol",
+                           "cuda-driver-missing", "gpu-unavailable", "cuda-oom", "port-in-use"}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[f"{r['expect_id']}-{i}" for i, r in enumerate(ROWS)])
@@ -86,6 +88,37 @@ def test_scan_reports_each_signature_once_and_ignores_healthy_lines() -> None:
     found = scan(lines, CONTEXT)
     assert [m.id for m in found] == ["soundfile-missing"]
     assert found[0].line == lines[2]
+
+
+# -- whole logs of real SGLang 0.5.11 on an H200 ---------------------------------------------
+
+
+@pytest.mark.parametrize(("log", "expect"), [
+    ("crash-no-soundfile.log", "soundfile-missing"),
+    ("d1-no-backend.log", "ddtree-attention-backend"),
+])
+def test_real_h200_crash_logs_give_one_fatal_verdict(log: str, expect: str) -> None:
+    found = scan((REAL / log).read_text().splitlines(), CONTEXT)
+    assert [m.id for m in found] == [expect]
+    assert found[0].fatal
+    assert "{" not in found[0].remedy
+
+
+def test_real_no_backend_log_names_the_backend_and_the_flag() -> None:
+    (match,) = scan((REAL / "d1-no-backend.log").read_text().splitlines(), CONTEXT)
+    assert match.groups == {"backend": "fa3"}
+    assert match.line.startswith("ValueError: DDTREE full-tree verification")
+    assert "service up ct200 sglang-ddtree --attention-backend triton" in match.remedy
+
+
+@pytest.mark.parametrize("log", ["nospec-server.log", "dflash-server.log",
+                                 "ddtree-server-startup.log"])
+def test_real_healthy_h200_logs_match_no_signature(log: str) -> None:
+    # These start-ups print tracebacks (openai_harmony missing), FA3 import errors and a
+    # client disconnect, none of which is a crash.
+    lines = (REAL / log).read_text().splitlines()
+    assert any("The server is fired up and ready to roll!" in line for line in lines)
+    assert scan(lines, CONTEXT) == []
 
 
 # -- lines produced for real on this machine ---------------------------------------------

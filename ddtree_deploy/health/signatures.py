@@ -84,6 +84,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "(sglang/srt/server_args.py choices lack DFLASH)",
     ),
     Signature(
+        id="ddtree-attention-backend",
+        pattern=r"DDTREE full-tree verification needs the triton attention backend, got "
+        r"attention_backend=(?P<backend>[A-Za-z0-9_]+)",
+        diagnosis="DDTREE's full-tree verification runs only on the triton attention backend; "
+        "the service names another one, or names none and SGLang filled in its default (fa3 on "
+        "Hopper, flashinfer elsewhere) before the payload's check",
+        remedy=f"{_SERVICE_UP} --attention-backend triton` (or set the deployment's "
+        "attention_backend: triton)",
+        source="the DDTree payload's ddtree_args.py resolve_ddtree_server_args (ValueError); "
+        "real on an H200 with sglang 0.5.11 (tests/data/real/sglang-0.5.11-h200/d1-no-backend.log)",
+    ),
+    Signature(
         id="soundfile-missing",
         pattern=r"No module named '?soundfile'?",
         diagnosis="soundfile is not installed in the venv; sglang's HTTP server imports it at "
