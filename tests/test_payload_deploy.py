@@ -7,6 +7,7 @@ the light modules by their files and says it skipped the full import.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,9 @@ def test_a_users_own_payload_folder_with_the_same_manifest_format(
     own = tmp_path / "my-payload"
     shutil.copytree(data_path("payload"), own)
     text = (own / "payload.yaml").read_text()
-    (own / "payload.yaml").write_text(text.replace('version: "0.1.0"', 'version: "9.9.9-mine"', 1))
+    mine = re.sub(r'(?m)^version: ".*"$', 'version: "9.9.9-mine"', text, count=1)
+    assert mine != text
+    (own / "payload.yaml").write_text(mine)
     venv = scratch_venv(tmp_path, wheels["sglang==0.5.11"])
     manifest, folder = load_manifest(own)
     assert manifest.version == "9.9.9-mine" and folder == own

@@ -91,7 +91,7 @@ def test_patches_stay_small() -> None:
     for item in SPEC["patches"]:
         lines = (PAYLOAD / item["patch"]).read_text().splitlines()
         changed = [x for x in lines[2:] if x[:1] in "+-"]
-        assert 0 < len(changed) <= 20, (item["patch"], len(changed))
+        assert 0 < len(changed) <= 30, (item["patch"], len(changed))
 
 
 def _load_by_file(path: Path, name: str) -> types.ModuleType:
@@ -199,7 +199,7 @@ def test_server_args_ddtree_refusals(sglang_path: Path, monkeypatch: pytest.Monk
     assert shadow.speculative_num_draft_tokens == 16 and shadow.attention_backend == "flashinfer"
     with pytest.raises(ValueError, match="--page-size 1"):
         _run_handle(sglang_path, monkeypatch, speculative_algorithm="DDTREE", page_size=16)
-    with pytest.raises(ValueError, match="no rejection sampling"):
+    with pytest.raises(ValueError, match="relaxed thresholds"):
         _run_handle(sglang_path, monkeypatch, speculative_algorithm="DDTREE",
                     speculative_accept_threshold_single=0.5)
     with pytest.raises(ValueError, match="budget must be between"):
@@ -241,6 +241,7 @@ def test_new_modules_import_only_what_0_5_11_has(patched: Path) -> None:
                 # ddtree is the core's own fallback name when used outside sglang (guarded).
                 assert all(n.split(".")[0] in {"torch", "__future__", "argparse", "copy",
                                               "dataclasses", "logging", "typing", "triton",
+                                              "os", "collections",
                                               "ddtree"} for n in names), names
 
 

@@ -7,13 +7,20 @@ DDTREE is DFLASH plus a tree verifier, so ``ServerArgs`` first runs DFlash's own
 * ``page_size`` must be 1 (accepted tree nodes are not contiguous in the verify block; their KV
   slots are re-linked in path order, which needs single-token pages);
 * no overlap scheduling (DFlash already forces it off; an explicit request is refused);
-* no rejection sampling: the tree is verified greedily (target argmax), so the accept thresholds
-  must keep their defaults; non-greedy requests are verified greedily too (logged once);
+* the accept thresholds keep their defaults (1.0): greedy requests follow the target's argmax
+  through the tree; sampled requests (temperature > 0) sample the target's token at every tree
+  slot with the request's temperature, top-k, top-p and min-p and follow the child holding it,
+  so their output distribution is the target's (``ddtree_core.sample_tokens``); relaxed
+  thresholds would change that distribution and are refused;
+* the draft block must fit the verify width: ``budget + 1 >= block`` (the scheduler sizes the
+  verify KV slots and req->token rows from ``budget + 1`` while the drafter writes ``block``);
 * full-tree mode needs the triton attention backend (the only one in 0.5.11 that applies
-  DFlash's custom verify mask on every path, CUDA graphs included). With no backend chosen we
-  pick triton; with another backend chosen we refuse, unless ``--speculative-ddtree-shadow-linear``
-  is set: then the tree is built and scored but the linear chain is verified, which every DFlash
-  backend supports.
+  DFlash's custom verify mask on every path, CUDA graphs included). SGLang fills in a default
+  backend (fa3 on Hopper, flashinfer elsewhere) long before speculative settings are handled, so
+  :func:`choose_ddtree_attention_backend` runs first in ``ServerArgs.__post_init__``: with no
+  backend named it picks triton; a named non-triton backend is refused there with the flag to
+  use, unless ``--speculative-ddtree-shadow-linear`` is set: then the tree is built and scored
+  but the linear chain is verified, which every DFlash backend supports.
 
 Sizes: the draft block (``--speculative-num-draft-tokens`` / ``--speculative-dflash-block-size``,
 16 for ``*-b16`` drafters) stays in ``speculative_dflash_block_size``; in full-tree mode the verify
@@ -68,6 +75,53 @@ def _positive(value: Any, flag: str, default: int) -> int:
     return number
 
 
+_BACKEND_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
+def _refuse_non_triton(args: Any) -> None:
+    chosen = {name: getattr(args, name, None) for name in _BACKEND_FIELDS}
+    others = {name: value for name, value in chosen.items() if value and value != "triton"}
+    if others:
+        listed = ", ".join(f"{k}={v}" for k, v in sorted(others.items()))
+        raise ValueError(
+            "DDTREE full-tree verification needs the triton attention backend, got "
+            f"{listed}. Use --attention-backend triton (or name no backend), or add "
+            "--speculative-ddtree-shadow-linear to verify the linear chain only."
+        )
+
+
+def choose_ddtree_attention_backend(args: Any) -> None:
+    """Run first in ``ServerArgs.__post_init__`` (before SGLang fills in default backends).
+
+    Full-tree mode: no backend named -> triton; a named non-triton backend -> ``ValueError``.
+    Shadow-linear mode and other algorithms: nothing.
+    """
+    if getattr(args, "speculative_algorithm", None) != DDTREE:
+        return
+    if bool(getattr(args, "speculative_ddtree_shadow_linear", False)):
+        return
+    _refuse_non_triton(args)
+    if not any(getattr(args, name, None) for name in _BACKEND_FIELDS):
+        args.attention_backend = "triton"
+        logger.info("DDTREE full-tree mode: no attention backend named, using triton.")
+
+
+def draft_tokens_per_round(args: Any) -> int:
+    """Draft tokens a round can accept: the block minus its root, for DFLASH and DDTREE alike.
+
+    SGLang's accept rate divides accepted drafts by ``speculative_num_draft_tokens - 1``; for
+    DDTREE that field is the verify width (budget + 1), so the rate would divide by the budget
+    although at most ``block - 1`` drafts can be accepted in a round. The patched metrics use this.
+    """
+    if getattr(args, "speculative_algorithm", None) == DDTREE and getattr(
+        args, "speculative_dflash_block_size", None
+    ):
+        return int(args.speculative_dflash_block_size) - 1
+    if args.speculative_num_draft_tokens:
+        return int(args.speculative_num_draft_tokens) - 1
+    return int(getattr(args, "speculative_num_steps", 0) or 0)
+
+
 def resolve_ddtree_server_args(args: Any) -> None:
     """Check and complete a ``ServerArgs`` whose algorithm is DDTREE (after DFlash's checks).
 
@@ -88,37 +142,34 @@ def resolve_ddtree_server_args(args: Any) -> None:
         args.speculative_accept_threshold_acc
     ) != 1.0:
         raise ValueError(
-            "DDTREE verifies greedily (no rejection sampling); leave "
-            "--speculative-accept-threshold-single/-acc at 1.0."
+            "DDTREE verifies exactly (greedy: the target's argmax; sampled: the target's own "
+            "sample at each tree node); relaxed thresholds would change the output "
+            "distribution: leave --speculative-accept-threshold-single/-acc at 1.0."
         )
     # DFlash's checks set this; an explicit overlap request cannot be honoured.
     if not args.disable_overlap_schedule:
         raise ValueError("DDTREE does not support overlap scheduling; drop the overlap flags.")
 
-    backends = {
-        name: getattr(args, name, None)
-        for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
-    }
-    chosen = {name: value for name, value in backends.items() if value}
     if not shadow:
-        if not chosen:
+        # Normally settled by choose_ddtree_attention_backend; checked again in case a later
+        # step of ServerArgs set a backend (e.g. a model-specific default).
+        _refuse_non_triton(args)
+        if not any(getattr(args, name, None) for name in _BACKEND_FIELDS):
             args.attention_backend = "triton"
-            logger.info("DDTREE full-tree mode: using --attention-backend triton.")
-        else:
-            others = {name: value for name, value in chosen.items() if value != "triton"}
-            if others:
-                listed = ", ".join(f"{k}={v}" for k, v in sorted(others.items()))
-                raise ValueError(
-                    "DDTREE full-tree verification needs the triton attention backend, got "
-                    f"{listed}. Use --attention-backend triton, or add "
-                    "--speculative-ddtree-shadow-linear to verify the linear chain only."
-                )
 
     block = args.speculative_num_draft_tokens
     if block is None or int(block) < 2:
         raise ValueError(f"DDTREE needs a draft block of at least 2 tokens, got {block}.")
-    args.speculative_dflash_block_size = int(block)
-    args.speculative_num_draft_tokens = int(block) if shadow else budget + 1
+    block = int(block)
+    if not shadow and budget + 1 < block:
+        raise ValueError(
+            f"DDTREE --speculative-ddtree-budget {budget} is too small for the drafter's block of "
+            f"{block} tokens: the verify width (budget + 1 = {budget + 1}) must hold the block. "
+            f"Use --speculative-ddtree-budget {block - 1} or more (each extra node costs one KV "
+            "slot per request per round and widens the CUDA-graph verify batch)."
+        )
+    args.speculative_dflash_block_size = block
+    args.speculative_num_draft_tokens = block if shadow else budget + 1
 
 
 def ddtree_draft_block_size(args: Any) -> int:

@@ -5,8 +5,11 @@ shadow-linear mode) at positions ``start + depth`` under the ancestor-only mask.
 tree is walked; the KV slots of the accepted path are re-linked in path order (page size 1), the
 rest are freed, and the target hidden states of the accepted path feed the drafter as in DFlash.
 
-Verification is greedy (target argmax); no rejection sampling. The one device-to-host copy per
-round is the packed accepted tokens, which the scheduler needs on the host anyway (as DFlash).
+Verification is exact: a greedy request follows the target's argmax; a sampled one follows the
+target's own sample at every slot (``ddtree_sampling``: temperature, top-k, top-p, min-p as the
+request asks), so DDTREE's output distribution is the target's, as DFLASH's is. The one
+device-to-host copy per round is the packed accepted tokens, which the scheduler needs on the host
+anyway (as DFlash).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.speculative.ddtree_sampling import sample_tokens
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.ddtree_verify import (
     TreeRound,
@@ -70,6 +74,21 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             info.apply_logits_bias(bias)
             logits.add_(torch.repeat_interleave(bias, self.draft_token_num, dim=0))
 
+    def _target_tokens(self, batch: ScheduleBatch, logits: torch.Tensor, bs: int) -> torch.Tensor:
+        """The target's token after every slot ``[bs, N]``: argmax, or a sample where asked."""
+        n = self.draft_token_num
+        info = batch.sampling_info
+        if info is None or info.is_all_greedy:
+            return torch.argmax(logits, dim=-1).view(bs, n)
+        min_ps = info.min_ps.reshape(-1) if info.need_min_p_sampling else None
+        return sample_tokens(
+            logits,
+            torch.repeat_interleave(info.temperatures.reshape(-1), n),
+            torch.repeat_interleave(info.top_ks.reshape(-1), n),
+            torch.repeat_interleave(info.top_ps.reshape(-1), n),
+            None if min_ps is None else torch.repeat_interleave(min_ps, n),
+        ).view(bs, n)
+
     def verify(
         self,
         *,
@@ -77,7 +96,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         logits_output: LogitsProcessorOutput,
         page_size: int,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int]]:
-        """Greedy tree verification; same return contract as ``DFlashVerifyInput.verify``."""
+        """Tree verification (greedy or sampled); the return contract of ``DFlashVerifyInput``."""
         if batch.forward_mode.is_idle():
             empty = torch.empty((0,), dtype=torch.int64, device=batch.device)
             return empty, empty.to(torch.int32), empty, []
@@ -87,7 +106,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         logits = logits_output.next_token_logits
         device = logits.device
         self._apply_penalties(batch, logits, bs)
-        target = torch.argmax(logits, dim=-1).view(bs, n)
+        target = self._target_tokens(batch, logits, bs)
         result = finish_round(self.tree_round, target)
 
         steps = result.new_tokens.shape[1]

@@ -39,7 +39,7 @@ class TreeRound:
     inputs: VerifyInputs
     scored: DDTree  # the full DDTree, built and scored in both modes
     expected_accept: Tensor  # [bs] float32: draft-expected accepted tokens of the scored tree
-    chain_expected_accept: Tensor  # [bs] float32: the same for the top-1 chain
+    chain_expected_accept: Tensor | None  # [bs] float32: the same for the top-1 chain, if scored
     shadow_linear: bool
 
     @property
@@ -78,23 +78,31 @@ def plan_round(
     *,
     budget: int,
     shadow_linear: bool = False,
+    score_chain: bool = True,
     pad_token_id: int = 0,
 ) -> TreeRound:
     """Build (and in shadow-linear mode also score) the tree, then compile its verify inputs.
+
+    ``score_chain=False`` skips building and scoring DFlash's chain beside the tree in full-tree
+    mode (``chain_expected_accept`` is then None); shadow-linear mode always builds the chain.
 
     ``top_logprobs/top_tokens [bs, D, K]`` from :func:`draft_topk`; ``root_tokens [bs]`` the
     previous bonus tokens; ``start_positions [bs]`` the root's position (the committed length).
     """
     scored = build_tree(top_logprobs, top_tokens, root_tokens, budget)
-    chain = chain_tree(top_logprobs, top_tokens, root_tokens)
-    tree = chain if shadow_linear else scored
+    chain = (
+        chain_tree(top_logprobs, top_tokens, root_tokens)
+        if shadow_linear or score_chain
+        else None
+    )
+    tree = chain if shadow_linear and chain is not None else scored
     inputs = compile_tree(tree, start_positions, pad_token_id=pad_token_id)
     return TreeRound(
         tree=tree,
         inputs=inputs,
         scored=scored,
         expected_accept=expected_accept(scored),
-        chain_expected_accept=expected_accept(chain),
+        chain_expected_accept=None if chain is None else expected_accept(chain),
         shadow_linear=shadow_linear,
     )
 

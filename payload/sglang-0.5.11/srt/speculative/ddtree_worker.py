@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from typing import Any, Dict, Optional
 
 import torch
@@ -24,6 +25,7 @@ from sglang.srt.speculative.ddtree_args import DEFAULT_BUDGET, ddtree_draft_bloc
 from sglang.srt.speculative.ddtree_core import draft_topk
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
 from sglang.srt.speculative.ddtree_verify import TreeRound, plan_round
+from sglang.srt.speculative.ddtree_vocab import row_chunks, topk_logprobs
 from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
 from sglang.srt.speculative.dflash_worker import DFlashWorker
 
@@ -31,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 class DDTreeWorker(DFlashWorker):
-    """DFlash worker whose verify block is a DDTree (spec-v1, page size 1, greedy verify)."""
+    """DFlash worker whose verify block is a DDTree (spec-v1, page size 1, exact verify)."""
 
     def __init__(self, server_args: ServerArgs, *args: Any, **kwargs: Any) -> None:
         self.ddtree_budget = int(server_args.speculative_ddtree_budget or DEFAULT_BUDGET)
@@ -42,7 +44,11 @@ class DDTreeWorker(DFlashWorker):
         draft_args.speculative_num_draft_tokens = ddtree_draft_block_size(server_args)
         super().__init__(draft_args, *args, **kwargs)
         self.server_args = server_args
-        self._warned_greedy = False
+        # The chain's expected accept beside the tree's, each round: a diagnostic (it builds and
+        # scores DFlash's chain too), so only when asked; shadow-linear verifies the chain anyway.
+        self.ddtree_score_chain = self.ddtree_shadow_linear or os.environ.get(
+            "SGLANG_DDTREE_SCORE_CHAIN", ""
+        ) not in ("", "0")
         self._rounds = 0
         self._tree_expected: Optional[torch.Tensor] = None
         self._chain_expected: Optional[torch.Tensor] = None
@@ -66,8 +72,10 @@ class DDTreeWorker(DFlashWorker):
     def _draft_topk(self, hidden: torch.Tensor, lm_head: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-depth top-k log-probs of the drafter over the (vocab-parallel) target head.
 
-        ``hidden [bs, D, H]`` -> ``([bs, D, K], [bs, D, K])``. With TP > 1 each rank's top-k and
-        log-sum-exp are gathered and merged, so the result equals the unsharded top-k.
+        ``hidden [bs, D, H]`` -> ``([bs, D, K], [bs, D, K])``, in row chunks of bounded memory
+        (``ddtree_vocab``). With TP > 1 every rank reports exactly K entries (padded where its
+        shard is smaller), so the all-gathers match across ranks and the merge equals the
+        unsharded top-k.
         """
         bs, depths, width = hidden.shape
         shard = lm_head.shard_indices
@@ -75,32 +83,34 @@ class DDTreeWorker(DFlashWorker):
             raise RuntimeError("DDTREE does not support added-vocabulary (LoRA) LM heads yet.")
         num_org = int(shard.num_org_elements)
         weight = lm_head.weight[:num_org]
-        states = hidden.reshape(bs * depths, width).to(weight.dtype)
-        logits = torch.matmul(states, weight.T).float()
+        states = hidden.reshape(bs * depths, width)
+        start = int(shard.org_vocab_start_index)
         tp_group = get_tp_group()
         tp_size = int(tp_group.world_size)
+        k = self.ddtree_topk
         if tp_size == 1:
-            logprobs, tokens = draft_topk(logits.view(bs, depths, -1), self.ddtree_topk)
-            return logprobs, tokens + int(shard.org_vocab_start_index)
-        rows = bs * depths
-        k_local = min(self.ddtree_topk, num_org)
-        values, ids = torch.topk(logits, k_local, dim=-1)
-        ids = ids + int(shard.org_vocab_start_index)
-        lse = torch.logsumexp(logits, dim=-1)
-        all_values = values.new_empty((tp_size * rows, k_local))
-        all_ids = ids.new_empty((tp_size * rows, k_local))
-        all_lse = lse.new_empty((tp_size * rows,))
-        tp_group.all_gather_into_tensor(all_values, values.contiguous())
-        tp_group.all_gather_into_tensor(all_ids, ids.contiguous())
-        tp_group.all_gather_into_tensor(all_lse, lse.contiguous())
-        total_lse = torch.logsumexp(all_lse.view(tp_size, rows), dim=0)
-        merged = (all_values.view(tp_size, rows, k_local) - total_lse.view(1, rows, 1))
-        merged = merged.permute(1, 0, 2).reshape(rows, tp_size * k_local)
-        merged_ids = all_ids.view(tp_size, rows, k_local).permute(1, 0, 2).reshape(rows, -1)
-        k = min(self.ddtree_topk, merged.shape[1])
-        top_values, top_index = torch.topk(merged, k, dim=-1)
-        top_ids = merged_ids.gather(1, top_index)
-        return top_values.view(bs, depths, k) + 0.0, top_ids.view(bs, depths, k)
+            parts = [
+                draft_topk(
+                    torch.matmul(states[lo:hi].to(weight.dtype), weight.T).float().unsqueeze(0), k
+                )
+                for lo, hi in row_chunks(bs * depths, num_org)
+            ]
+            logprobs = torch.cat([p[0][0] for p in parts], 0)
+            tokens = torch.cat([p[1][0] for p in parts], 0) + start
+            k = logprobs.shape[-1]
+            return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_empty((tp_size, *t.shape))
+            tp_group.all_gather_into_tensor(
+                out.view(tp_size * t.shape[0], *t.shape[1:]), t.contiguous()
+            )
+            return out
+
+        logprobs, tokens = topk_logprobs(
+            states, weight, k, vocab_start=start, world_size=tp_size, gather=gather
+        )
+        return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
 
     def ddtree_prepare_verify(
         self,
@@ -110,14 +120,6 @@ class DDTreeWorker(DFlashWorker):
         lm_head: Any,
     ) -> None:
         """Called by DFlash's draft step after the draft pass: plan the tree, stage the verify."""
-        if (
-            batch.sampling_info is not None
-            and not batch.sampling_info.is_all_greedy
-            and not self._warned_greedy
-            and self.tp_rank == 0
-        ):
-            logger.warning("DDTREE verifies greedily; non-greedy requests follow the target argmax.")
-            self._warned_greedy = True
         top_logprobs, top_tokens = self._draft_topk(draft_hidden[:, 1:, :], lm_head)
         plan = plan_round(
             top_logprobs,
@@ -126,6 +128,7 @@ class DDTreeWorker(DFlashWorker):
             batch.seq_lens,
             budget=self.ddtree_budget,
             shadow_linear=self.ddtree_shadow_linear,
+            score_chain=self.ddtree_score_chain,
         )
         verify_input = DDTreeVerifyInput.from_round(plan)
         _, build_custom_mask = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
@@ -142,20 +145,25 @@ class DDTreeWorker(DFlashWorker):
 
     def _record(self, plan: TreeRound) -> None:
         tree = plan.expected_accept.sum()
-        chain = plan.chain_expected_accept.sum()
-        if self._tree_expected is None or self._chain_expected is None:
-            self._tree_expected, self._chain_expected = tree, chain
+        if self._tree_expected is None:
+            self._tree_expected = tree
         else:
             self._tree_expected.add_(tree)
-            self._chain_expected.add_(chain)
+        if plan.chain_expected_accept is not None:
+            chain = plan.chain_expected_accept.sum()
+            if self._chain_expected is None:
+                self._chain_expected = chain
+            else:
+                self._chain_expected.add_(chain)
         self._rounds += int(plan.tree.tokens.shape[0])
 
     def ddtree_stats(self) -> Dict[str, float]:
         """Draft-expected accepted tokens per request-round, tree vs chain (syncs; not hot path)."""
-        if not self._rounds or self._tree_expected is None or self._chain_expected is None:
+        if not self._rounds or self._tree_expected is None:
             return {"rounds": 0.0, "tree_expected_accept": 0.0, "chain_expected_accept": 0.0}
+        chain = self._chain_expected
         return {
             "rounds": float(self._rounds),
             "tree_expected_accept": float(self._tree_expected) / self._rounds,
-            "chain_expected_accept": float(self._chain_expected) / self._rounds,
+            "chain_expected_accept": float("nan") if chain is None else float(chain) / self._rounds,
         }
