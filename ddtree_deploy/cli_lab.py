@@ -29,6 +29,10 @@ WAIT_HELP = ("if another process holds the lab, wait up to SECONDS for it "
 def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
                                  help="add N more hosts like ct200 (ct201, ...)"),
        wait: float = typer.Option(0.0, "--wait", min=0, metavar="SECONDS", help=WAIT_HELP),
+       link_rate: str | None = typer.Option(
+           None, "--link-rate", metavar="RATE",
+           help="shape each host's link to RATE both ways (tc tbf; 1gbit, 500mbit); "
+                "unshaped again by `lab down` and by the next `lab up`"),
        ) -> None:
     """Bring the lab up (clearing leftovers of an earlier run first)."""
     from rich.table import Table
@@ -36,7 +40,7 @@ def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
     from ddtree_deploy.lab import manager
 
     with err.status("lab up ..."):
-        hosts = manager.up(extra=extra, report=_say, wait_s=wait)
+        hosts = manager.up(extra=extra, report=_say, wait_s=wait, link_rate=link_rate)
     table = Table(title="lab hosts")
     for col in ("host", "address", "GPUs", "venvs"):
         table.add_column(col)

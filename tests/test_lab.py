@@ -206,8 +206,13 @@ def test_up_clears_leftovers_of_a_killed_run_and_down_leaves_nothing(lab: Config
         os.kill(h["pid"], signal.SIGKILL)
     time.sleep(1)
     assert netns.stale(), "namespaces should survive the kill"
-    manager.up()
+    hosts = manager.up(link_rate="1gbit")
     assert all(r.running and r.ssh for r in manager.status())
+    for h in hosts:  # shaped both ways: the workstation's veth and host0 in the namespace
+        assert netns.shaped_rate(None, h.veth) == netns.shaped_rate(h.netns, "host0") == "1Gbit"
+    hosts = manager.up()  # the next up leaves the links as the kernel makes them
+    assert [netns.shaped_rate(None, h.veth) for h in hosts] == [None] * len(hosts)
+    assert [netns.shaped_rate(h.netns, "host0") for h in hosts] == [None] * len(hosts)
     manager.down()
     run_root = manager.lab_state_dir() / "run"
     assert netns.stale() == []

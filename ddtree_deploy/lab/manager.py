@@ -32,6 +32,7 @@ class HostState:
     netns: str
     veth: str
     run_dir: str
+    link_rate: str | None = None  # tc tbf rate on both ends of its link, None: unshaped
 
 
 @dataclass
@@ -143,18 +144,21 @@ def _down(purge: bool, report: Report) -> list[str]:
 
 def up(
     extra: int = 0, report: Report = lambda _m: None, boot_timeout: float = 60.0,
-    wait_s: float = 0.0,
+    wait_s: float = 0.0, link_rate: str | None = None,
 ) -> list[LabHost]:
     """Bring the lab up from whatever state the machine is in; return its hosts.
 
     Holds the lab lock (waiting up to wait_s for another holder, then LabBusyError).
+    `link_rate` (a tc rate, "1gbit") shapes each host's link both ways; the next `up`
+    without it and `down` leave the links unshaped (their namespaces are made anew).
     """
     _require_root()
+    rate = netns.check_rate(link_rate) if link_rate is not None else None
     with lock.hold(wait_s, waiting=lambda who: report(f"waiting for the lab: in use by {who}")):
-        return _up(extra, report, boot_timeout)
+        return _up(extra, report, boot_timeout, rate)
 
 
-def _up(extra: int, report: Report, boot_timeout: float) -> list[LabHost]:
+def _up(extra: int, report: Report, boot_timeout: float, rate: str | None) -> list[LabHost]:
     hosts = lab_hosts(extra)
     leftovers = _down(False, report)
     if leftovers:
@@ -179,7 +183,7 @@ def _up(extra: int, report: Report, boot_timeout: float) -> list[LabHost]:
     try:
         netns.guard_subnet(SUBNET_PREFIX)
         for host in hosts:
-            states.append(_start(host, base, layers[host.kind], lab_dir, client))
+            states.append(_start(host, base, layers[host.kind], lab_dir, client, rate))
             _save_state(states)
         report(f"booting {len(hosts)} hosts")
         with ThreadPoolExecutor(max_workers=min(8, len(states))) as pool:
@@ -188,11 +192,13 @@ def _up(extra: int, report: Report, boot_timeout: float) -> list[LabHost]:
     except BaseException:
         _down(False, report)
         raise
-    report(f"lab up in {time.monotonic() - t0:.1f}s")
+    shaped = f", links shaped to {rate} each way" if rate else ""
+    report(f"lab up in {time.monotonic() - t0:.1f}s{shaped}")
     return hosts
 
 
-def _start(host: LabHost, base: Path, layer: Path, lab_dir: Path, client: Path) -> HostState:
+def _start(host: LabHost, base: Path, layer: Path, lab_dir: Path, client: Path,
+           rate: str | None) -> HostState:
     run_dir = lab_dir / "run" / host.name
     container.reset_dir(run_dir)
     merged = run_dir / "root"
@@ -203,8 +209,10 @@ def _start(host: LabHost, base: Path, layer: Path, lab_dir: Path, client: Path) 
     provision.write_files(merged, files)
     os.chmod(merged / "root/.ssh", 0o700)
     netns.create(host)
+    if rate is not None:
+        netns.shape(host.netns, host.veth, rate)
     pid = container.boot(host, merged, run_dir / "console.log")
-    return HostState(host.name, host.address, pid, host.netns, host.veth, str(run_dir))
+    return HostState(host.name, host.address, pid, host.netns, host.veth, str(run_dir), rate)
 
 
 def status() -> list[HostStatus]:
