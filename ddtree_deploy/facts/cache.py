@@ -1,13 +1,17 @@
 """Facts cached under the XDG state folder, with the time they were taken.
 
-One file per host, keyed by the host's name and where it is reached (so two
-hosts files naming different machines "ct200" do not share facts). Commands
-that change a host call drop() so that the next reader gathers anew.
+One file per host and what its facts were gathered for: keyed by the host's
+name, where it is reached (so two hosts files naming different machines "ct200"
+do not share facts) and the venvs and model folders its entry declares (facts
+gathered before hosts.yaml changed them answer for other venvs: never used).
+Commands that change a host call drop(), which removes the host's facts whatever
+they were gathered for, so that the next reader gathers anew.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -21,13 +25,26 @@ from ddtree_deploy.facts.model import SCHEMA_VERSION, Facts
 DEFAULT_MAX_AGE_S = 300.0
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def gathered_for(spec: HostSpec) -> str:
+    """What a host's facts are gathered for: the venvs and model folders its entry names."""
+    return json.dumps({"venvs": sorted(str(v.path) for v in spec.venvs.values()),
+                       "models": sorted(str(p) for p in spec.models.values())})
+
+
 class FactsCache:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or paths.state_dir() / "facts"
 
-    def _file(self, spec: HostSpec) -> Path:
+    def _prefix(self, spec: HostSpec) -> str:
         where = f"{spec.target}:{spec.port}:{spec.user}:{spec.transport}"
-        return self.root / f"{spec.name}-{hashlib.sha256(where.encode()).hexdigest()[:10]}.json"
+        return f"{spec.name}-{_digest(where)}"
+
+    def _file(self, spec: HostSpec) -> Path:
+        return self.root / f"{self._prefix(spec)}-{_digest(gathered_for(spec))}.json"
 
     def load(self, spec: HostSpec, max_age_s: float = DEFAULT_MAX_AGE_S) -> Facts | None:
         """Fresh facts for the host, or None (missing, too old, unreadable, older schema)."""
@@ -49,7 +66,8 @@ class FactsCache:
         return path
 
     def drop(self, spec: HostSpec) -> None:
-        self._file(spec).unlink(missing_ok=True)
+        for path in self.root.glob(f"{self._prefix(spec)}*.json"):
+            path.unlink(missing_ok=True)
 
     def age_s(self, spec: HostSpec) -> float | None:
         try:

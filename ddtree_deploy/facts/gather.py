@@ -153,7 +153,8 @@ def collect(
         extra = (extra_venvs or {}).get(name, [])
         if not refresh:
             cached = cache.load(spec, max_age_s)
-            if cached is not None and all(cached.venv(p) for p in extra):
+            if cached is not None and all(cached.venv(p) for p in extra) \
+                    and all(cached.model(p) for p in model_paths(config, spec)):
                 return cached
         facts = gather(config, spec, extra)
         cache.save(spec, facts)
