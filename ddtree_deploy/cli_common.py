@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import typer
 
 from ddtree_deploy.config import Config, find_hosts_file, load_config
+from ddtree_deploy.errors import UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -66,6 +67,8 @@ def config_of(ctx: typer.Context) -> Config:
     obj = root.obj if isinstance(root.obj, dict) else {}
     if "config" not in obj:
         cli_path = obj.get("hosts")
+        if cli_path is not None and not cli_path.strip():
+            raise UsageError(f"--hosts {cli_path!r}: expected the path of a hosts file")
         obj["config"] = load_config(find_hosts_file(Path(cli_path) if cli_path else None))
         root.obj = obj
     config: Config = obj["config"]

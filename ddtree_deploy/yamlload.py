@@ -11,18 +11,30 @@ converted by hand, so that:
   ConfigError naming the file, line and column.
 
 Scalars are typed by the safe loader's rules (``22`` is an int, ``true`` a bool,
-``null`` None); tags other than the standard ones are refused by the safe
-constructor and reported as problems.
+``null`` None). A tag other than the plain ones (``!!str``, ``!!int``, ``!!map`` ...)
+is refused on any node, a string holding a NUL character is refused (no path,
+name or command can hold one).
+
+Hostile documents are refused while they are composed, before anything is built
+from them, each with its file and line: an alias that refers to a node still
+being composed (a node that would contain itself), alias expansion beyond
+MAX_NODES nodes (a "billion laughs" document is a few hundred bytes), nesting
+deeper than MAX_DEPTH, and files that are not regular files or are larger than
+MAX_BYTES.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.composer import ComposerError
+from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ddtree_deploy.errors import ConfigError
@@ -30,6 +42,66 @@ from ddtree_deploy.errors import ConfigError
 PathKey = tuple[str | int, ...]
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+MAP_TAG = "tag:yaml.org,2002:map"
+SEQ_TAG = "tag:yaml.org,2002:seq"
+SCALAR_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in
+                        ("str", "int", "float", "bool", "null", "timestamp", "merge"))
+MAX_NODES = 100_000  # nodes after alias expansion (the largest shipped file has ~150)
+MAX_DEPTH = 64  # nesting of lists and mappings
+MAX_BYTES = 4 << 20  # a YAML file larger than this is not a hand-written configuration
+
+
+class _Refused(ComposerError):
+    """A document refused before it is built (not a syntax error)."""
+
+
+class _Bounded(yaml.SafeLoader):
+    """The safe loader's composer, counting what aliases expand to and refusing, at the
+    alias or node that crosses the line, a recursive alias, too many nodes, too deep a
+    nesting (PyYAML composes recursively: a deep document would end in RecursionError)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._open_anchors: set[str] = set()
+        self._expanded: dict[int, int] = {}  # id(node) -> its node count, aliases expanded
+        self._total = 0
+        self._depth = 0
+
+    def _refuse(self, message: str, event: NodeEvent) -> None:
+        raise _Refused(None, None, message, event.start_mark)  # type: ignore[arg-type]
+
+    def _count(self, n: int, event: NodeEvent) -> None:
+        self._total += n
+        if self._total > MAX_NODES:
+            self._refuse(f"the document expands to more than {MAX_NODES} nodes "
+                         "(aliases repeating aliases); refused before building it", event)
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
+            if event.anchor in self._open_anchors:
+                self._refuse(f"recursive alias *{event.anchor}: it refers to a node that "
+                             "contains it", event)
+            node = super().compose_node(parent, index)
+            self._count(self._expanded.get(id(node), 1), event)
+            return node
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, CollectionStartEvent):
+            self._depth += 1
+            if self._depth > MAX_DEPTH:
+                self._refuse(f"nested more than {MAX_DEPTH} levels deep", event)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
+        before = self._total
+        node = super().compose_node(parent, index)
+        if anchor is not None:
+            self._open_anchors.discard(anchor)
+        if isinstance(event, CollectionStartEvent):
+            self._depth -= 1
+        self._count(1, event)
+        if node is not None:
+            self._expanded[id(node)] = self._total - before
+        return node
 
 
 @dataclass(frozen=True)
@@ -102,6 +174,8 @@ class _Builder:
         self.result.value_lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, ScalarNode):
             return self._scalar(node, path)
+        if not self._plain_tag(node, path, SEQ_TAG if isinstance(node, SequenceNode) else MAP_TAG):
+            return None
         if isinstance(node, SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
         if isinstance(node, MappingNode):
@@ -112,14 +186,30 @@ class _Builder:
     def _problem(self, node: Node, path: PathKey, message: str) -> None:
         self.result.problems.append(Problem(node.start_mark.line + 1, path, message))
 
+    def _plain_tag(self, node: Node, path: PathKey, *allowed: str) -> bool:
+        if node.tag in allowed or (isinstance(node, ScalarNode) and node.tag in SCALAR_TAGS):
+            return True
+        self._problem(node, path,
+                      f"YAML tags are not accepted, got {node.tag} (write the value plainly)")
+        self.result.unreadable.append(path)
+        return False
+
     def _scalar(self, node: ScalarNode, path: PathKey) -> Any:
+        if not self._plain_tag(node, path):
+            return None
         try:
-            return self.constructor.construct_object(node, deep=True)
+            value = self.constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             self._problem(node, path, f"cannot read this value: {problem}")
             self.result.unreadable.append(path)
             return None
+        if isinstance(value, str) and "\0" in value:
+            self._problem(node, path, "contains a NUL character (\\0), which no path, name "
+                          "or command can hold")
+            self.result.unreadable.append(path)
+            return None
+        return value
 
     def _mapping(self, node: MappingNode, path: PathKey) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
@@ -193,8 +283,13 @@ def _decode(raw: bytes, file: str) -> str:
 
 def parse_yaml(text: str, file: str) -> LoadedYaml:
     """Compose one YAML document from ``text`` (``file`` names it in messages)."""
+    loader = _Bounded(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = loader.get_single_node()
+    except _Refused as exc:
+        mark = exc.problem_mark
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
+        raise ConfigError(f"{where}: refused: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or exc.context or "invalid YAML"
@@ -207,6 +302,8 @@ def parse_yaml(text: str, file: str) -> LoadedYaml:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: YAML syntax error: {exc}") from None
+    finally:
+        loader.dispose()
     result = LoadedYaml(data=None)
     if node is None:
         return result
@@ -214,15 +311,35 @@ def parse_yaml(text: str, file: str) -> LoadedYaml:
     return result
 
 
-def load_yaml_file(path: Path) -> LoadedYaml:
-    """Read and parse ``path``; every failure is a ConfigError naming the file as given."""
+def read_config_bytes(path: Path, what: str = "a YAML file") -> bytes:
+    """The bytes of a regular file of at most MAX_BYTES; a FIFO, a device (/dev/zero), a
+    folder or a huge file is refused without reading it (ConfigError naming the file)."""
     file = str(path)
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(f"{file}: no such file") from None
     except IsADirectoryError:
-        raise ConfigError(f"{file}: is a directory, expected a YAML file") from None
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
-    return parse_yaml(_decode(raw, file), file)
+        raise ConfigError(f"{file}: is a directory, expected {what}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"{file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{file}: is a directory, expected {what}")
+        raise ConfigError(f"{file}: not a regular file (a pipe, socket or device), "
+                          f"expected {what}")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{file}: larger than {MAX_BYTES >> 20} MiB, expected {what}")
+    return raw
+
+
+def load_yaml_file(path: Path) -> LoadedYaml:
+    """Read and parse ``path``; every failure is a ConfigError naming the file as given."""
+    return parse_yaml(_decode(read_config_bytes(path), str(path)), str(path))

@@ -21,7 +21,7 @@ M = TypeVar("M", bound=BaseModel)
 
 def load_model(path: Path, model: type[M], what: str) -> M:
     file = str(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{file}: no such file ({what})")
     doc = load_yaml_file(path)
     if doc.problems:

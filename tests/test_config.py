@@ -196,7 +196,8 @@ def test_unknown_yaml_tag_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "tag.yaml"
     path.write_text("version: 1\nhosts:\n  a:\n    address: !!python/name:os.system x\n")
     message = str(_error(path))
-    assert message.startswith(f"{path}:4: hosts.a.address: cannot read this value: ")
+    assert message.startswith(f"{path}:4: hosts.a.address: YAML tags are not accepted, got "
+                              "tag:yaml.org,2002:python/name:os.system")
 
 
 # ---- good files
