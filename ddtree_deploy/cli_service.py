@@ -124,17 +124,20 @@ def up(
         _probe_and_exit(t, spec.unit_name, spec.port, deadline, as_json=False)
 
 
-def _probe_and_exit(t: Any, unit: str, port: int, deadline: float, *, as_json: bool) -> None:
+def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_json: bool,
+                    pid: int | None = None, log_file: str | None = None) -> None:
     from ddtree_deploy.health.probe import ProbeTarget, probe_service
 
-    with err.status(f"probing {unit} ...") as status:
-        verdict = probe_service(t, ProbeTarget(port=port, unit=unit, host=t.host),
+    label = unit or f"port {port}"
+    with err.status(f"probing {label} ...") as status:
+        verdict = probe_service(t, ProbeTarget(port=port, unit=unit, pid=pid, log_file=log_file,
+                                               host=t.host),
                                 deadline_s=deadline,
-                                on_status=lambda s: status.update(f"{unit}: {s}"))
+                                on_status=lambda s: status.update(f"{label}: {s}"))
     if as_json:
         print_json(out, verdict.to_json())
     else:
-        _render_verdict(unit, verdict)
+        _render_verdict(label, verdict)
     if verdict.exit_code:
         raise typer.Exit(int(verdict.exit_code))
 
@@ -245,9 +248,17 @@ def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.
 def probe(
     ctx: typer.Context,
     host: str = typer.Argument(...),
-    service: str = typer.Argument(None, help="deployment or unit (default: the host's only one)"),
+    service: str = typer.Argument(
+        None, help="deployment or unit (default: the host's only one; none with --port and "
+                   "--pid on a host without systemd)"),
     deadline: float = typer.Option(120.0, "--deadline", min=0.5, help="seconds before giving up"),
-    port: int = typer.Option(None, "--port", help="the service's port (default: from its unit)"),
+    port: int = typer.Option(None, "--port", min=1, max=65535,
+                             help="the service's port (default: from its unit)"),
+    pid: int = typer.Option(None, "--pid", min=1,
+                            help="without systemd: the server's process id (its exit is a crash)"),
+    log_file: str = typer.Option(None, "--log-file",
+                                 help="without systemd: the server's log file on the host, read "
+                                      "for crash signatures as the journal is"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Is the service healthy? Fail-fast on crashes (known signatures), bounded by --deadline."""
@@ -256,14 +267,20 @@ def probe(
 
     config = config_of(ctx)
     spec_host = config.host(host)
-    if service is None:
-        deps = config.deployments_on(spec_host)
-        if len(deps) != 1:
-            raise UsageError(f"name the service to probe on {host}")
-        service = deps[0].name
-    unit = _unit_of(config, service)
+    if log_file is not None and (not log_file.startswith("/") or "\0" in log_file):
+        raise UsageError(f"--log-file must be an absolute path on {host}, got {log_file!r}")
+    plain = service is None and port is not None and (pid is not None or log_file is not None)
+    unit: str | None = None
+    if not plain:
+        if service is None:
+            deps = config.deployments_on(spec_host)
+            if len(deps) != 1:
+                raise UsageError(f"name the service to probe on {host} (or give --port with "
+                                 "--pid/--log-file for a server without systemd)")
+            service = deps[0].name
+        unit = _unit_of(config, service)
     with open_transport(config, spec_host) as t:
-        if port is None:
+        if port is None and unit is not None:
             from ddtree_deploy.service.spec import PORT_KEY
 
             text = install.current_text(t, unit) or ""
@@ -272,4 +289,4 @@ def probe(
             port = int(found[0]) if found and found[0].strip().isdigit() else None
         if port is None:
             raise UsageError(f"cannot tell {unit}'s port on {host}: give --port")
-        _probe_and_exit(t, unit, port, deadline, as_json=as_json)
+        _probe_and_exit(t, unit, port, deadline, as_json=as_json, pid=pid, log_file=log_file)
