@@ -135,7 +135,8 @@ def _service_steps(config: Config, host: HostSpec, d: Deployment, facts: Facts,
                       [] if start_ok else [f"restart {unit}"], satisfied=start_ok,
                       params={"unit": unit}))
     steps.append(Step("service.probe", host.name, d.name, f"{unit} health",
-                      "checked after apply (/health, one generation)", params={"unit": unit}))
+                      "checked after apply (/health, a greedy and a sampled generation)",
+                      params={"unit": unit}))
     return steps
 
 

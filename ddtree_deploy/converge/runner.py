@@ -197,8 +197,9 @@ def _probe(t: ExecTransport, host: HostSpec, unit: str, deadline: float) -> str:
     ports = [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith(f"{PORT_KEY}=")]
     if not ports:
         raise DeployError(f"{host.name}: {unit} has no port in its unit")
-    verdict = probe_service(t, ProbeTarget(port=int(ports[0]), unit=unit, host=host.name),
-                            deadline_s=deadline)
+    ids = True if "--skip-tokenizer-init" in text else None  # the server takes input_ids
+    verdict = probe_service(t, ProbeTarget(port=int(ports[0]), unit=unit, host=host.name,
+                                           input_ids=ids), deadline_s=deadline)
     if verdict.status != "healthy":
         why = "; ".join(f"{m.diagnosis} (fix: {m.remedy})" for m in verdict.diagnosis)
         raise DeployError(f"{host.name}: {unit} is {verdict.status}: {verdict.reason}"

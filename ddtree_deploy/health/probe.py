@@ -3,9 +3,20 @@
 Each poll is ONE command on the host (remote.py sent on stdin), every ~0.3 s, until one of:
 a failed unit, a crash loop or an exited process (unhealthy, with the crash signatures found
 in the log lines of the current start), a fatal signature in the log (unhealthy at once, even
-while the process still unwinds), /health 200 followed by a good short generation (healthy),
-a bad generation (unhealthy: degenerate text, far too few tokens at a very low rate, an
-error), or the deadline (status "deadline", exit code 124).
+while the process still unwinds), /health 200 followed by a good short GREEDY generation and
+a good short SAMPLED one (healthy: both answered), a bad generation (unhealthy: degenerate
+output, far too few tokens at a very low rate, an error), or the deadline (status
+"deadline", exit code 124).
+
+The sampled generation (temperature 0.7, top-p 0.9, top-k 20) takes the path real traffic
+takes: SGLang's greedy batches use argmax, and a temperature-only request torch's
+multinomial; only top-p/top-k reach the sampling backend's kernels (flashinfer's JIT-compiled
+ones by default), whose first use stalled a real H200 server ~100 s right after /health 200.
+Each generation's wait for its first token is charged to the warm-up budget (``warmup_s``,
+JIT compiles of a first start land there), everything else to the deadline; the seconds
+spent warming are reported. Servers started with ``--skip-tokenizer-init`` take input_ids,
+not text: /server_info says so (or the text request's refusal does), and the probe sends
+token ids there.
 """
 
 from __future__ import annotations
@@ -27,7 +38,10 @@ Status = Literal["healthy", "unhealthy", "deadline"]
 REMOTE_SOURCE = Path(__file__).with_name("remote.py")
 POLL_INTERVAL_S = 0.3
 GENERATE_TOKENS = 16
-GEN_LIMIT_S = 20.0  # one short generation never waits longer than this
+SAMPLE_TOKENS = 8
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+WARMUP_S = 300.0  # default warm-up budget: waits for first tokens (JIT compiles)
+GEN_LIMIT_S = 20.0  # one short generation never waits longer than this after its first token
 MIN_TOK_PER_S = 2.0  # below this, with far fewer tokens than asked: unhealthy
 KEEP_LINES = 2000
 TAIL_LINES = 20
@@ -46,11 +60,14 @@ class ProbeTarget:
     name: str | None = None
     venv: str | None = None
     deployment: str | None = None
+    # True: the server takes input_ids only (--skip-tokenizer-init); None: ask /server_info
+    input_ids: bool | None = None
 
     @classmethod
     def from_spec(cls, spec: ServiceSpec) -> ProbeTarget:
         return cls(port=spec.port, unit=spec.unit_name, host=spec.host, name=spec.name,
-                   venv=spec.venv, deployment=spec.deployment)
+                   venv=spec.venv, deployment=spec.deployment,
+                   input_ids=True if "--skip-tokenizer-init" in spec.extra_args else None)
 
     def context(self, host: str) -> dict[str, object]:
         return {"host": self.host or host, "name": self.name or (self.unit or "").removesuffix(
@@ -73,16 +90,52 @@ class UnitState:
 
 
 @dataclass
+class GenResult:
+    """One short generation as the probe saw it."""
+
+    tokens: int | None = None
+    asked: int | None = None
+    seconds: float | None = None
+    first_token_s: float | None = None  # charged to the warm-up budget
+    tok_per_s: float | None = None
+    text_sample: str | None = None
+    ids_sample: list[int] | None = None  # token-id mode
+    mode: str | None = None  # "text" or "ids"
+    sampling: dict[str, Any] | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_report(cls, gen: dict[str, Any]) -> GenResult:
+        tokens, ids = gen.get("tokens"), gen.get("ids")
+        return cls(tokens=tokens if isinstance(tokens, int) else None, asked=_int(gen.get("asked")),
+                   seconds=gen.get("seconds"), first_token_s=gen.get("first_s"),
+                   tok_per_s=gen.get("tok_per_s"), text_sample=str(gen.get("text") or "")[:200],
+                   ids_sample=[int(i) for i in ids[:16] if isinstance(i, int)]
+                   if isinstance(ids, list) else None,
+                   mode=gen.get("mode"), sampling=gen.get("params") or None,
+                   error=gen.get("error"))
+
+    def summary(self) -> str:
+        return (f"{self.tokens} tokens in {self.seconds or 0.0:.2f} s "
+                f"({self.tok_per_s or 0.0:.1f} tok/s)")
+
+
+@dataclass
 class HttpResult:
     health: int | None = None
     health_error: str | None = None
     model_id: str | None = None
+    input_mode: str | None = None  # "text", or "ids" for a --skip-tokenizer-init server
+    sampling_backend: str | None = None  # from /server_info
+    # the greedy generation (kept at the top level, as before the sampled one existed)
     tokens: int | None = None
     asked: int | None = None
     seconds: float | None = None
     tok_per_s: float | None = None
     text_sample: str | None = None
     error: str | None = None
+    greedy: GenResult | None = None
+    sampled: GenResult | None = None
 
 
 @dataclass
@@ -95,6 +148,8 @@ class Verdict:
     elapsed_s: float = 0.0
     polls: int = 0
     log_tail: list[str] = field(default_factory=list)
+    warmup_s: float = 0.0  # seconds the generations waited for their first tokens
+    warmup_budget_s: float = WARMUP_S
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +160,8 @@ class Verdict:
         return {"status": self.status, "exit_code": int(self.exit_code), "reason": self.reason,
                 "unit": asdict(self.unit), "diagnosis": [m.to_json() for m in self.diagnosis],
                 "http": asdict(self.http), "elapsed_s": round(self.elapsed_s, 3),
+                "warmup_s": round(self.warmup_s, 3),
+                "warmup_budget_s": self.warmup_budget_s,
                 "polls": self.polls, "log_tail": self.log_tail}
 
 
@@ -134,11 +191,15 @@ def unit_state(report: dict[str, Any]) -> UnitState:
 
 
 def judge_generation(gen: dict[str, Any], min_tok_per_s: float) -> str | None:
-    """Why a short generation shows an unhealthy server, or None when it looks fine."""
+    """Why a short generation shows an unhealthy server, or None when it looks fine.
+
+    The rate is the one after the first token where the answer was streamed (the wait for
+    the first token is warm-up, judged by its own budget)."""
     asked = int(gen.get("asked") or 0)
     tokens = gen.get("tokens")
     seconds = float(gen.get("seconds") or 0.0)
-    rate = float(gen.get("tok_per_s") or 0.0)
+    steady = gen.get("steady_tok_per_s")
+    rate = float(steady if steady is not None else gen.get("tok_per_s") or 0.0)
     text = str(gen.get("text") or "")
     if gen.get("error") and not gen.get("timed_out"):
         return f"the generation failed: {gen['error']}"
@@ -147,6 +208,10 @@ def judge_generation(gen: dict[str, Any], min_tok_per_s: float) -> str | None:
     squeezed = "".join(text.split())
     if len(squeezed) >= 4 and len(set(squeezed)) == 1:
         return f"degenerate output: one character repeated ({squeezed[:16]!r})"
+    ids = gen.get("ids")
+    if isinstance(ids, list) and len(ids) >= 4 and set(ids) == {0}:
+        # argmax over all-NaN logits is index 0 (Qwen's "!": the story's "!!!!" output)
+        return "degenerate output: token id 0 repeated (what NaN logits give)"
     count = tokens if isinstance(tokens, int) else 0
     if gen.get("timed_out") and count < asked:
         return (f"the generation gave {count} of {asked} tokens in {seconds:.1f} s "
@@ -180,13 +245,18 @@ def _failed(state: UnitState, first_restarts: int | None) -> str | None:
     return None
 
 
+Kind = Literal["greedy", "sampled"]
+
+
 class _Probe:
     def __init__(self, transport: Transport, target: ProbeTarget, *, deadline_s: float,
-                 on_status: Callable[[str], None] | None, generate_tokens: int,
-                 min_tok_per_s: float, interval_s: float, sudo: bool, python: str) -> None:
+                 warmup_s: float, on_status: Callable[[str], None] | None,
+                 generate_tokens: int, sample_tokens: int, min_tok_per_s: float,
+                 interval_s: float, sudo: bool, python: str) -> None:
         self.transport, self.target = transport, target
-        self.deadline_s, self.on_status = deadline_s, on_status
-        self.generate_tokens, self.min_rate = generate_tokens, min_tok_per_s
+        self.deadline_s, self.warmup_s, self.on_status = deadline_s, warmup_s, on_status
+        self.generate_tokens, self.sample_tokens = generate_tokens, sample_tokens
+        self.min_rate = min_tok_per_s
         self.interval_s, self.sudo, self.python = interval_s, sudo, python
         self.context = target.context(transport.host)
         self.lines: deque[str] = deque(maxlen=KEEP_LINES)
@@ -197,8 +267,30 @@ class _Probe:
         self.first_restarts: int | None = None
         self.polls = 0
         self.start = time.monotonic()
+        self.warm_used = 0.0  # seconds of first-token waits: charged to warmup_s
+        self.mode = "text" if target.input_ids is False else "ids" if target.input_ids \
+            else "auto"
+        self.done: dict[Kind, dict[str, Any]] = {}
+        self.failed_gen: tuple[Kind, dict[str, Any]] | None = None  # waits for one more poll
 
-    def _command(self, budget: float) -> Command:
+    # -- time: the deadline covers everything but the waits for first tokens ---------------
+
+    def steady_left(self) -> float:
+        return self.deadline_s - (time.monotonic() - self.start - self.warm_used)
+
+    def warm_left(self) -> float:
+        return self.warmup_s - self.warm_used
+
+    def pending(self) -> Kind | None:
+        if self.generate_tokens <= 0 or self.failed_gen is not None:
+            return None
+        if "greedy" not in self.done:
+            return "greedy"
+        if self.sample_tokens > 0 and "sampled" not in self.done:
+            return "sampled"
+        return None
+
+    def _command(self, budget: float, kind: Kind | None, first: float, rest: float) -> Command:
         t = self.target
         args = ["--port", str(t.port), "--addr", t.addr, "--budget", f"{budget:.3f}"]
         for flag, value in (("--unit", t.unit), ("--pid", t.pid), ("--log-file", t.log_file),
@@ -207,14 +299,25 @@ class _Probe:
                 args += [flag, str(value)]
         if self.http.model_id is None:
             args.append("--models")
-        if self.generate_tokens > 0:
-            args += ["--generate", str(self.generate_tokens)]
+        if kind is not None:
+            tokens = self.generate_tokens if kind == "greedy" else self.sample_tokens
+            params = {"temperature": 0} if kind == "greedy" else SAMPLING
+            args += ["--generate", str(tokens), "--sampling", json.dumps(params),
+                     "--mode", self.mode, "--first-limit", f"{first:.3f}",
+                     "--gen-limit", f"{rest:.3f}"]
         return Command(argv=(self.python, "-", *args), stdin=REMOTE_SOURCE.read_bytes(),
                        sudo=self.sudo)
 
-    def poll(self, remaining: float) -> dict[str, Any]:
-        budget = max(0.2, min(remaining - 0.2, GEN_LIMIT_S))
-        result = self.transport.run(self._command(budget), timeout=budget + 2.0)
+    def poll(self, kind: Kind | None) -> dict[str, Any]:
+        steady = self.steady_left()
+        first = max(0.2, min(self.warm_left(), self.warmup_s))
+        rest = max(0.2, min(steady - 0.2, GEN_LIMIT_S))
+        if kind is None:
+            first, budget = 0.0, rest
+        else:
+            budget = first + rest + 1.0  # + /health, /v1/models, systemctl, the journal
+        result = self.transport.run(self._command(budget, kind, first, rest),
+                                    timeout=budget + 2.0)
         self.polls += 1
         try:
             report = json.loads(result.stdout)
@@ -239,14 +342,29 @@ class _Probe:
         http = report.get("http") or {}
         self.http.health, self.http.health_error = http.get("health"), http.get("health_error")
         self.http.model_id = http.get("model_id") or self.http.model_id
+        info = http.get("server_info")
+        if isinstance(info, dict):
+            self.http.sampling_backend = info.get("sampling_backend") or None
+            if self.mode == "auto" and info.get("skip_tokenizer_init"):
+                self.mode = "ids"
+        gen = http.get("generation")
+        if isinstance(gen, dict):
+            first_s = gen.get("first_s")
+            waited = float(first_s) if isinstance(first_s, int | float) else (
+                float(gen.get("seconds") or 0.0) if gen.get("first_timed_out") else 0.0)
+            self.warm_used += min(waited, first)
+            if gen.get("mode") == "ids" or (gen.get("mode") == "text" and gen.get("tokens")):
+                self.mode = str(gen["mode"])
         return report
 
     def verdict(self, status: Status, reason: str) -> Verdict:
         fatal = [m for m in self.matches.values() if m.fatal]
         other = [m for m in self.matches.values() if not m.fatal]
         diagnosis = fatal + other if status == "unhealthy" else []
+        self.http.input_mode = None if self.mode == "auto" else self.mode
         return Verdict(status, reason, self.state, diagnosis, self.http,
-                       time.monotonic() - self.start, self.polls, list(self.lines)[-TAIL_LINES:])
+                       time.monotonic() - self.start, self.polls, list(self.lines)[-TAIL_LINES:],
+                       round(self.warm_used, 3), self.warmup_s)
 
     def status_line(self, elapsed: float) -> str:
         s = self.state
@@ -257,53 +375,88 @@ class _Probe:
             alive = {True: "running", False: "exited", None: "?"}[s.pid_alive]
             where = f"port {self.target.port}: pid {s.exec_main_pid or '-'} {alive}"
         health = self.http.health or self.http.health_error or "-"
-        return f"{where} · /health {health} · {elapsed:.1f}s/{self.deadline_s:g}s"
+        line = f"{where} · /health {health} · {elapsed - self.warm_used:.1f}s/{self.deadline_s:g}s"
+        if self.warm_used > 0.05:
+            line += f" · warm-up {self.warm_used:.1f}s/{self.warmup_s:g}s"
+        return line
+
+    def _deadline(self) -> Verdict:
+        if self.warm_left() <= 0.05:
+            kind = self.pending() or "the"
+            return self.verdict("deadline", f"no first token of the {kind} generation within "
+                                f"the warm-up budget of {self.warmup_s:g} s")
+        return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
 
     def run(self) -> Verdict:
-        end = self.start + self.deadline_s
         grace_used = False
         while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
+            if self.steady_left() <= 0:
+                return self._deadline()
             t0 = time.monotonic()
+            kind = self.pending()  # generated by the host only once /health answers 200
             try:
-                report = self.poll(remaining)
+                report = self.poll(kind)
             except CommandTimeout:
-                return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
+                return self._deadline()
             if any(m.fatal for m in self.matches.values()):
                 first = next(m for m in self.matches.values() if m.fatal)
                 return self.verdict("unhealthy", f"crash signature {first.id}: {first.diagnosis}")
             down = _failed(self.state, self.first_restarts)
-            if down is not None and self.http.health != 200:
+            if down is not None and (self.http.health != 200 or self.failed_gen is not None):
                 if not grace_used:  # the last lines may still be on their way to the journal
                     grace_used = True
                     time.sleep(0.15)
                     continue
                 hints = ", ".join(self.matches) or "no known crash signature in its log"
                 return self.verdict("unhealthy", f"{down}; {hints}")
-            gen = (report.get("http") or {}).get("generation")
-            if self.http.health == 200 and (gen is not None or self.generate_tokens <= 0):
-                return self._judged(gen)
+            if self.failed_gen is not None:  # one more poll found the unit well: the answer
+                return self._judged(*self.failed_gen)
+            if self.http.health == 200:
+                gen = (report.get("http") or {}).get("generation")
+                if kind is not None and isinstance(gen, dict):
+                    if gen.get("first_timed_out") and self.warm_left() <= 0.05:
+                        return self._deadline()
+                    if gen.get("error") and not gen.get("timed_out") and not gen.get("status"):
+                        self.failed_gen = (kind, gen)  # did it crash? ask the unit first
+                        continue
+                    verdict = self._judged(kind, gen)
+                    if verdict.status != "healthy":
+                        return verdict
+                if self.pending() is None:
+                    return self._healthy()
+                if kind is not None:
+                    continue  # the next generation at once
             if self.on_status is not None:
                 self.on_status(self.status_line(time.monotonic() - self.start))
             time.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
-    def _judged(self, gen: dict[str, Any] | None) -> Verdict:
-        if gen is None:
-            return self.verdict("healthy", "/health answered 200")
-        tokens = gen.get("tokens")
-        self.http.tokens = tokens if isinstance(tokens, int) else None
-        self.http.asked = _int(gen.get("asked"))
-        self.http.seconds = gen.get("seconds")
-        self.http.tok_per_s = gen.get("tok_per_s")
-        self.http.text_sample = str(gen.get("text") or "")[:200]
-        self.http.error = gen.get("error")
+    def _judged(self, kind: Kind, gen: dict[str, Any]) -> Verdict:
+        result = GenResult.from_report(gen)
+        if kind == "greedy":
+            self.http.greedy = result
+            self.http.tokens, self.http.asked = result.tokens, result.asked
+            self.http.seconds, self.http.tok_per_s = result.seconds, result.tok_per_s
+            self.http.text_sample, self.http.error = result.text_sample, result.error
+        else:
+            self.http.sampled = result
         why = judge_generation(gen, self.min_rate)
         if why is not None:
-            return self.verdict("unhealthy", why)
-        return self.verdict("healthy", f"/health 200; {self.http.tokens} tokens in "
-                            f"{self.http.seconds:.2f} s ({self.http.tok_per_s:.1f} tok/s)")
+            what = "greedy" if kind == "greedy" else "sampled"
+            if kind == "sampled":
+                why = why.replace("the generation", "the sampled generation")
+            return self.verdict("unhealthy", why if kind == "greedy" else
+                                f"{why} ({what}: {json.dumps(SAMPLING)})")
+        self.done[kind] = gen
+        return self.verdict("healthy", "")
+
+    def _healthy(self) -> Verdict:
+        if not self.done:
+            return self.verdict("healthy", "/health answered 200")
+        parts = [f"{kind} {GenResult.from_report(gen).summary()}"
+                 for kind, gen in self.done.items()]
+        mode = " (input_ids)" if self.mode == "ids" else ""
+        return self.verdict("healthy", f"/health 200; {'; '.join(parts)}{mode}; warm-up "
+                            f"{self.warm_used:.1f} s")
 
 
 def probe_service(
@@ -311,19 +464,25 @@ def probe_service(
     target: ServiceSpec | ProbeTarget,
     *,
     deadline_s: float,
+    warmup_s: float = WARMUP_S,
     on_status: Callable[[str], None] | None = None,
     generate_tokens: int = GENERATE_TOKENS,
+    sample_tokens: int = SAMPLE_TOKENS,
     min_tok_per_s: float = MIN_TOK_PER_S,
     interval_s: float = POLL_INTERVAL_S,
     sudo: bool = True,
     python: str = "python3",
 ) -> Verdict:
-    """Probe one service until a verdict or ``deadline_s``; one host command per poll."""
+    """Probe one service until a verdict: ``deadline_s`` for everything but the waits for
+    first tokens, which ``warmup_s`` bounds; one host command per poll."""
     if deadline_s <= 0:
         raise UsageError(f"the deadline must be positive, got {deadline_s:g} s")
+    if warmup_s <= 0:
+        raise UsageError(f"the warm-up budget must be positive, got {warmup_s:g} s")
     if isinstance(target, ServiceSpec):
         target = ProbeTarget.from_spec(target)
-    probe = _Probe(transport, target, deadline_s=deadline_s, on_status=on_status,
-                   generate_tokens=generate_tokens, min_tok_per_s=min_tok_per_s,
+    probe = _Probe(transport, target, deadline_s=deadline_s, warmup_s=warmup_s,
+                   on_status=on_status, generate_tokens=generate_tokens,
+                   sample_tokens=sample_tokens, min_tok_per_s=min_tok_per_s,
                    interval_s=interval_s, sudo=sudo, python=python)
     return probe.run()

@@ -10,9 +10,13 @@ Sent on stdin as `python3 - ARGS` (see probe.py), one SSH round trip per poll:
   unit logged after the cursor (`-u UNIT --after-cursor`), so a restart's lines are not lost;
   without systemd, the bytes of ``--log-file`` after the offset in the cursor.
 * HTTP from the host itself to 127.0.0.1:PORT with short timeouts: /health; when it answers
-  200, /v1/models (``--models``) and, only when asked (``--generate N``), one short
-  generation measured in tokens, seconds and tok/s (streamed where the server streams, so a
-  slow server still reports what came before the time ran out).
+  200, /v1/models and /server_info (``--models``: whether the server takes input_ids only,
+  ``--skip-tokenizer-init``, and its sampling backend) and, only when asked
+  (``--generate N``), one short generation, greedy or sampled (``--sampling`` JSON),
+  measured in tokens, seconds to the first token, seconds and tok/s (streamed where the
+  server streams, so a slow server still reports what came before the time ran out). The
+  wait for the first token has its own limit (``--first-limit``: warm-up, JIT compiles on a
+  first start) apart from the rest (``--gen-limit``).
 """
 
 from __future__ import annotations
@@ -155,13 +159,38 @@ def _tokens(meta: Any, usage: Any) -> int | None:
     return None
 
 
-def _read_stream(resp: Any, t0: float, limit: float, out: dict[str, Any]) -> None:
-    """SSE lines `data: {...}` until [DONE] or the time limit; keeps the last text/meta."""
+def _take_chunk(chunk: dict[str, Any], out: dict[str, Any]) -> None:
+    """One answer (or streamed chunk) of /generate: text or output_ids, the token count."""
+    err = chunk.get("error")
+    if err is not None:  # SGLang streams a ValueError as {"error": {"message": ...}}
+        out["error"] = str(err.get("message") if isinstance(err, dict) else err)
+        return
+    if "text" in chunk:
+        out["text"] = str(chunk.get("text") or "")
+    ids = chunk.get("output_ids")
+    if isinstance(ids, list):
+        have = out.get("ids") or []
+        # cumulative by default in SGLang 0.5.11; incremental with --incremental-streaming-output
+        out["ids"] = ids if ids[:len(have)] == have else have + ids
+    count = _tokens(chunk.get("meta_info"), None)
+    if count is None and isinstance(ids, list):
+        count = len(out["ids"])
+    if count is not None:
+        out["tokens"] = count
+
+
+def _read_stream(resp: Any, t0: float, first_limit: float, limit: float,
+                 out: dict[str, Any]) -> None:
+    """SSE lines `data: {...}` until [DONE] or the time limits: ``first_limit`` for the first
+    token (warm-up: a first start's JIT compiles land here), then ``limit`` after it."""
     sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
     while True:
-        left = limit - (time.monotonic() - t0)
+        now = time.monotonic() - t0
+        first = out.get("first_s")
+        left = (first_limit - now) if first is None else (first + limit - now)
         if left <= 0:
             out["timed_out"] = True
+            out["first_timed_out"] = first is None
             return
         if sock is not None:
             sock.settimeout(max(left, 0.05))  # bound each wait by the time left
@@ -179,46 +208,107 @@ def _read_stream(resp: Any, t0: float, limit: float, out: dict[str, Any]) -> Non
         except ValueError:
             continue
         if isinstance(chunk, dict):
-            out["text"] = str(chunk.get("text", out.get("text", "")))
-            out["tokens"] = _tokens(chunk.get("meta_info"), None) or out.get("tokens")
+            _take_chunk(chunk, out)
+            if out.get("first_s") is None and (out.get("tokens") or out.get("error")):
+                out["first_s"] = round(time.monotonic() - t0, 4)
+                out["first_tokens"] = out.get("tokens") or 0
 
 
-def generate(base: str, prompt: str, tokens: int, limit: float) -> dict[str, Any]:
-    """One short generation: /generate (streamed if the server streams), else /v1/completions."""
-    out: dict[str, Any] = {"asked": tokens, "tokens": None, "text": "", "timed_out": False}
-    body = {"text": prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
+# What a text prompt gets from a server started with --skip-tokenizer-init (SGLang 0.5.11
+# tokenizer_manager: "... skip_tokenizer_init=True cannot accept text prompts ...").
+_NEEDS_IDS = ("skip_tokenizer_init", "input_ids")
+
+
+def _bodies(prompt: Any, tokens: int, params: dict[str, Any]) -> tuple[dict[str, Any],
+                                                                       dict[str, Any]]:
+    """The /generate body and the /v1/completions fallback body of one generation."""
+    key = "input_ids" if isinstance(prompt, list) else "text"
+    native = {key: prompt, "stream": True,
+              "sampling_params": {"max_new_tokens": tokens, **params}}
+    openai = {"prompt": prompt, "max_tokens": tokens, **params}
+    return native, openai
+
+
+def _attempt(base: str, prompt: Any, tokens: int, params: dict[str, Any], first_limit: float,
+             limit: float, out: dict[str, Any]) -> None:
+    native, openai = _bodies(prompt, tokens, params)
     t0 = time.monotonic()
     try:
-        status, headers, resp = _request(base + "/generate", body, limit)
+        status, headers, resp = _request(base + "/generate", native, first_limit + limit)
         if status == 404:
             out["endpoint"] = "/v1/completions"
-            status, headers, resp = _request(base + "/v1/completions", {
-                "prompt": prompt, "max_tokens": tokens, "temperature": 0}, limit)
+            status, headers, resp = _request(base + "/v1/completions", openai,
+                                             first_limit + limit)
         else:
             out["endpoint"] = "/generate"
         out["status"] = status
         if resp is not None:
             with resp:
                 if "event-stream" in str(headers.get("Content-Type", "")):
-                    _read_stream(resp, t0, limit, out)
+                    _read_stream(resp, t0, first_limit, limit, out)
                 else:
                     data = json.loads(resp.read(1 << 20))
+                    out["first_s"] = round(time.monotonic() - t0, 4)
+                    if isinstance(data, list) and data and isinstance(data[0], dict):
+                        data = data[0]
                     if isinstance(data, dict) and "choices" in data:
                         out["text"] = str(data["choices"][0].get("text", ""))
                         out["tokens"] = _tokens(None, data.get("usage"))
                     elif isinstance(data, dict):
-                        out["text"] = str(data.get("text", ""))
-                        out["tokens"] = _tokens(data.get("meta_info"), None)
+                        _take_chunk(data, out)
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         reason = getattr(exc, "reason", None) or exc
         out["error"] = f"{type(exc).__name__}: {reason}"
         out["timed_out"] = "timed out" in str(reason) or out["timed_out"]
+        if out["timed_out"] and out.get("first_s") is None:
+            out["first_timed_out"] = True
+
+
+def generate(base: str, prompt: str, prompt_ids: list[int], tokens: int,
+             params: dict[str, Any], first_limit: float, limit: float,
+             mode: str) -> dict[str, Any]:
+    """One short generation, greedy or sampled: /generate (streamed if the server streams),
+    else /v1/completions. ``mode`` "text" sends the prompt, "ids" input_ids (a server with
+    --skip-tokenizer-init takes no text); "auto" sends text and, when the server answers that
+    it takes input_ids only, asks again with input_ids."""
+    out: dict[str, Any] = {"asked": tokens, "tokens": None, "text": "", "timed_out": False,
+                           "mode": "ids" if mode == "ids" else "text",
+                           "params": params}  # fmt: skip
+    t0 = time.monotonic()
+    _attempt(base, prompt_ids if mode == "ids" else prompt, tokens, params, first_limit,
+             limit, out)
+    needs_ids = any(word in str(out.get("error") or "") for word in _NEEDS_IDS)
+    if mode == "auto" and needs_ids and not out["tokens"]:
+        spent = time.monotonic() - t0
+        out.update({"mode": "ids", "error": None, "status": None, "first_s": None,
+                    "timed_out": False, "text_refused_s": round(spent, 4)})
+        _attempt(base, prompt_ids, tokens, params, max(0.05, first_limit - spent), limit, out)
     seconds = time.monotonic() - t0
     out["seconds"] = round(seconds, 4)
     count = out["tokens"] or 0
     out["tok_per_s"] = round(count / seconds, 3) if seconds > 0 else None
+    first, first_tokens = out.get("first_s"), out.get("first_tokens") or 0
+    if first is not None and seconds - first > 0.01 and count > first_tokens:
+        out["steady_tok_per_s"] = round((count - first_tokens) / (seconds - first), 3)
+    if out.get("ids") is not None:
+        out["ids"] = out["ids"][:32]
     return out
+
+
+def server_info(base: str, timeout: float) -> dict[str, Any] | None:
+    """What the probe needs from /server_info: input mode, sampling and attention backends."""
+    status, _, body = get_status(base + "/server_info", timeout)
+    if status != 200:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    keys = ("skip_tokenizer_init", "sampling_backend", "attention_backend",
+            "speculative_algorithm", "version")
+    return {k: data.get(k) for k in keys}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -230,9 +320,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-file")
     p.add_argument("--cursor")
     p.add_argument("--max-lines", type=int, default=400)
-    p.add_argument("--models", action="store_true")
-    p.add_argument("--generate", type=int, default=0)
+    p.add_argument("--models", action="store_true", help="also /v1/models and /server_info")
+    p.add_argument("--generate", type=int, default=0, help="tokens of one generation")
+    p.add_argument("--sampling", default="{}", help="JSON sampling params (temperature, ...)")
+    p.add_argument("--mode", choices=("auto", "text", "ids"), default="auto")
     p.add_argument("--prompt", default="Count from one to ten:")
+    p.add_argument("--prompt-ids", default="1,2,3,4,5,6")
+    p.add_argument("--first-limit", type=float, default=20.0,
+                   help="seconds to wait for the generation's first token")
+    p.add_argument("--gen-limit", type=float, default=20.0,
+                   help="seconds for the rest of the generation after its first token")
     p.add_argument("--http-timeout", type=float, default=1.0)
     p.add_argument("--budget", type=float, default=30.0)
     return p.parse_args(argv)
@@ -263,10 +360,22 @@ def poll(ns: argparse.Namespace) -> dict[str, Any]:
     status, error, _ = get_status(base + "/health", left(ns.http_timeout))
     http: dict[str, Any] = {"health": status, "health_error": error}
     if status == 200:
+        mode = ns.mode
         if ns.models:
             http["model_id"] = model_id(base, left(ns.http_timeout))
+            info = server_info(base, left(ns.http_timeout))
+            http["server_info"] = info
+            if info is not None and mode == "auto" and info.get("skip_tokenizer_init"):
+                mode = "ids"
         if ns.generate > 0:
-            http["generation"] = generate(base, ns.prompt, ns.generate, left(ns.budget))
+            try:
+                params = json.loads(ns.sampling)
+                ids = [int(x) for x in ns.prompt_ids.split(",") if x.strip()]
+            except ValueError as exc:
+                raise SystemExit(f"bad --sampling or --prompt-ids: {exc}") from exc
+            first = min(ns.first_limit, ns.budget - (time.monotonic() - t0))
+            http["generation"] = generate(base, ns.prompt, ids, ns.generate, params,
+                                          max(0.05, first), max(0.05, ns.gen_limit), mode)
     report["http"] = http
     report["poll_s"] = round(time.monotonic() - t0, 4)
     return report
