@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -460,3 +463,263 @@ def test_wrapper_claims_gpu0_and_serves(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# -- the stand-in against real SGLang 0.5.11 captures (tests/data/real/, README.md) ----------
+
+REAL = Path(__file__).parent / "data" / "real" / "sglang-0.5.11-h200"
+STANDIN_SRC = Path(__file__).resolve().parents[1] / "ddtree_deploy" / "lab" / "standin_server"
+STAMP = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "
+# Start-up and run lines the probe and bench read (a log file without systemd), as SGLang
+# 0.5.11 prints them; each must be found in the real log named and in the stand-in's output.
+STARTUP_LINES = {
+    "weights begin": (r"Load weight begin\. avail mem=\d+\.\d\d GB$", "nospec"),
+    "weights end": (r"Load weight end\. elapsed=\d+\.\d\d s, type=\w+, avail mem=\d+\.\d\d GB, "
+                    r"mem usage=\d+\.\d\d GB\.$", "nospec"),
+    "dflash runner": (r"Initialized DFLASH draft runner\. attention_backend=\w+, "
+                      r"model=DFlashDraftModel, block_size=\d+, ", "dflash"),
+    "dflash ready": (r"DFLASH draft runner ready\. mask_token=", "dflash"),
+    "pool": (r"max_total_num_tokens=\d+, chunked_prefill_size=\d+, max_prefill_tokens=\d+, "
+             r"max_running_requests=\w+, context_len=\d+, available_gpu_mem=\d+\.\d\d GB$",
+             "nospec"),
+    "process": (r"INFO:     Started server process \[\d+\]$", "nospec"),
+    "startup complete": (r"INFO:     Application startup complete\.$", "nospec"),
+    "uvicorn": (r"INFO:     Uvicorn running on http://127\.0\.0\.1:\d+ \(Press CTRL\+C to quit\)$",
+                "nospec"),
+    "access": (r'INFO:     127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" '
+               r"(200 OK|503 Service Unavailable)$", "nospec"),
+    "ready": (r"The server is fired up and ready to roll!$", "nospec"),
+    "sigterm": (r"SIGTERM received\. signum=None frame=None\. Draining requests and shutting "
+                r"down\.\.\.$", "nospec"),
+}
+
+
+def _shape(value: object) -> object:
+    """Keys (in order) and JSON types of a value; lists by their first item."""
+    if isinstance(value, dict):
+        return [(k, _shape(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return ["list", _shape(value[0])] if value else ["list"]
+    return type(value).__name__
+
+
+def _real(name: str) -> object:
+    return json.loads((REAL / name).read_text())
+
+
+@pytest.fixture()
+def standin(monkeypatch: pytest.MonkeyPatch) -> object:
+    """The stand-in's own modules, imported from the repository (no lab venv needed)."""
+    monkeypatch.syspath_prepend(str(STANDIN_SRC))
+    import ddtree_lab_standin.http as labhttp
+    import ddtree_lab_standin.serving as serving
+    import ddtree_lab_standin.speedmodel as speedmodel
+
+    return type("M", (), {"http": labhttp, "serving": serving, "speed": speedmodel})
+
+
+def _serve(standin: object, algorithm: str, *, tokens: bool, **speed: object) -> Iterator[str]:
+    m: Any = standin
+    state = m.serving.ServerState(
+        args={"skip_tokenizer_init": tokens, "speculative_algorithm": algorithm,
+              "max_running_requests": 8}, version="0.5.11", model_path="/tmp/smoke/target",
+        served_model_name="/tmp/smoke/target", model_type="qwen3",
+        architectures=["Qwen3ForCausalLM"], algorithm=algorithm, context_length=4096,
+        skip_tokenizer_init=tokens, vocab_size=1024, warmup_s=0.0,
+        speed=m.speed.SpeedModel(algorithm=algorithm, **speed))
+    server = m.http.make_server("127.0.0.1", 0, m.serving.routes(state), access_log=False)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _post(url: str, body: object) -> tuple[int, str, bytes]:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def test_token_id_generate_has_the_real_fields_and_types(standin: object) -> None:
+    real_one = _real("greedy.json")
+    real_batch = _real("ddtree-generate-2req.json")
+    assert isinstance(real_one, list) and isinstance(real_batch, list)
+    for base in _serve(standin, "DDTREE", tokens=True, block=8, budget=8, topk=4):
+        status, _, body = _post(f"{base}/generate", {
+            "input_ids": [5, 6, 7, 8, 9, 10],
+            "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}})
+        assert status == 200
+        one = json.loads(body)
+        real = real_one[0]
+        real["meta_info"]["cached_tokens_details"] = None  # dict or null in real answers
+        assert _shape(one) == _shape(real)
+        meta = one["meta_info"]
+        assert meta["finish_reason"] == {"type": "length", "length": 32}
+        assert len(one["output_ids"]) == meta["completion_tokens"] == 32
+        assert all(0 <= t < 1024 for t in one["output_ids"])
+        assert meta["prompt_tokens"] == 6
+        # tokenizer_manager.py's definitions, which the real answers satisfy too
+        for m_ in (meta, real["meta_info"]):
+            assert m_["spec_accept_length"] == m_["completion_tokens"] / m_["spec_verify_ct"]
+            assert m_["spec_proposed_drafts"] == m_["spec_verify_ct"] * 8  # budget 8 + 1 - 1
+            assert m_["spec_accept_rate"] == m_["spec_accepted_drafts"] / m_["spec_proposed_drafts"]
+        assert meta["spec_accept_length"] > 1  # the stand-in's synthetic tree accepts drafts
+        status, _, body = _post(f"{base}/generate", {
+            "input_ids": [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]],
+            "sampling_params": {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}})
+        batch = json.loads(body)
+        for item in real_batch:
+            item["meta_info"]["cached_tokens_details"] = None
+        assert status == 200 and _shape(batch) == _shape(real_batch) and len(batch) == 2
+        assert [b["meta_info"]["prompt_tokens"] for b in batch] == [6, 4]
+        # same prompt, same tokens (greedy and deterministic, as the real target)
+        again = json.loads(_post(f"{base}/generate", {
+            "input_ids": [5, 6, 7, 8, 9, 10],
+            "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}})[2])
+        assert again["output_ids"] == one["output_ids"]
+        status, _, body = _post(f"{base}/generate", {"text": "hello"})
+        assert status == 400
+        assert json.loads(body) == {"error": {"message": (
+            "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
+            "Please provide input_ids or re-initialize the engine with "
+            "skip_tokenizer_init=False.")}}
+
+
+def test_without_speculation_meta_info_has_no_spec_fields(standin: object) -> None:
+    real = _real("greedy.json")
+    assert isinstance(real, list)
+    spec_keys = {k for k in real[0]["meta_info"] if k.startswith("spec_")}
+    for base in _serve(standin, "NONE", tokens=True):
+        out = json.loads(_post(f"{base}/generate", {
+            "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}})[2])
+        assert spec_keys.isdisjoint(out["meta_info"])
+        assert set(out["meta_info"]) == set(real[0]["meta_info"]) - spec_keys
+
+
+def _sse_chunks(body: bytes) -> list[str]:
+    lines = body.decode().split("\n\n")
+    assert lines[-1] == ""
+    assert all(line.startswith("data: ") for line in lines[:-1])
+    return [line[len("data: "):] for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("tokens", [True, False])
+def test_streaming_is_sse_with_cumulative_output_and_done(standin: object, tokens: bool) -> None:
+    real = _real("greedy.json")
+    assert isinstance(real, list)
+    for base in _serve(standin, "DFLASH", tokens=tokens, block=8):
+        prompt: dict[str, object] = {"input_ids": [3, 4, 5]} if tokens else {"text": "Count:"}
+        status, ctype, body = _post(f"{base}/generate", {
+            **prompt, "stream": True,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}})
+        assert status == 200 and ctype == "text/event-stream"
+        chunks = _sse_chunks(body)
+        assert chunks[-1] == "[DONE]"
+        outs = [json.loads(c) for c in chunks[:-1]]
+        assert len(outs) > 1  # one chunk per decode round
+        ids = [o["output_ids"] for o in outs]
+        for before, after in zip(ids, ids[1:], strict=False):
+            assert after[:len(before)] == before and len(after) > len(before)
+        assert all(o["meta_info"]["finish_reason"] is None for o in outs[:-1])
+        assert all("e2e_latency" not in o["meta_info"] for o in outs[:-1])
+        last = outs[-1]
+        assert last["meta_info"]["completion_tokens"] == len(last["output_ids"]) == 24
+        want = real[0]["meta_info"].keys()
+        assert list(last["meta_info"]) == list(want)
+        assert ("text" in last) is not tokens
+        if not tokens:
+            assert len(last["text"].split()) == 24
+
+
+def test_model_info_models_and_server_info_match_the_real_shapes(standin: object) -> None:
+    real_info = _real("server_info.json")
+    assert isinstance(real_info, dict)
+    for base in _serve(standin, "DDTREE", tokens=True, block=8, budget=8, topk=4):
+        assert _shape(json.loads(_get(f"{base}/model_info")[1])) == _shape(_real("model_info.json"))
+        assert _shape(json.loads(_get(f"{base}/v1/models")[1])) == _shape(_real("v1_models.json"))
+        info = json.loads(_get(f"{base}/server_info")[1])
+        assert "avg_spec_accept_length" not in info["internal_states"][0]  # none measured yet
+        _post(f"{base}/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 8}})
+        info = json.loads(_get(f"{base}/server_info")[1])
+        assert info["version"] == real_info["version"] == "0.5.11"
+        assert info["skip_tokenizer_init"] is real_info["skip_tokenizer_init"] is True
+        real_state = dict(_shape(real_info["internal_states"][0]))  # type: ignore[arg-type]
+        state = dict(_shape(info["internal_states"][0]))  # type: ignore[arg-type]
+        for key in ("last_gen_throughput", "memory_usage", "effective_max_running_requests_per_dp"):
+            assert state[key] == real_state[key], key
+        assert info["internal_states"][0]["avg_spec_accept_length"] > 1
+
+
+def test_synthetic_speed_depends_on_budget_topk_and_concurrency(standin: object) -> None:
+    m: Any = standin
+    speed = m.speed.SpeedModel
+    dflash, tree = speed("DFLASH", block=16), speed("DDTREE", block=16, budget=15, topk=8)
+    key = "a prompt"
+    assert tree.width == 16 and speed("DDTREE", block=16, budget=31, topk=8).width == 32
+    assert speed("NONE").accept_length(False, key) == 1.0
+    assert tree.accept_length(False, key) > dflash.accept_length(False, key) > 1
+    assert tree.accept_length(True, key) < tree.accept_length(False, key)
+    assert speed("DDTREE", block=16, budget=31, topk=8).accept_length(False, key) > \
+        tree.accept_length(False, key)
+    assert speed("DDTREE", block=16, budget=15, topk=2).accept_length(False, key) < \
+        tree.accept_length(False, key)
+    shadow = speed("DDTREE", block=16, budget=15, topk=8, shadow_linear=True)
+    assert shadow.accept_length(False, key) == dflash.accept_length(False, key)
+    assert shadow.round_seconds(1) > dflash.round_seconds(1)
+    for model in (dflash, tree, speed("NONE")):
+        assert model.round_seconds(8) > model.round_seconds(1)
+    # the tree's per-request gain over DFlash shrinks as concurrency grows
+    def rate(model: Any, batch: int) -> float:
+        return float(model.accept_length(False, key) / model.round_seconds(batch))
+
+    assert rate(tree, 1) / rate(dflash, 1) > rate(tree, 16) / rate(dflash, 16)
+    assert "SYNTHETIC" in (m.speed.__doc__ or "")
+
+
+def _startup_lines(lab: dict[str, Path], *args: str) -> list[str]:
+    """Run the stand-in until ready, stop it with SIGTERM; its output lines."""
+    port = _free_port()
+    env = _env(lab, GOOD, _spec(lab["root"], SM120), CUDA_VISIBLE_DEVICES="0")
+    argv = [str(lab["venv"] / "bin/python"), "-m", "sglang.launch_server", *args,
+            "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "triton",
+            "--skip-tokenizer-init", "--max-running-requests", "8"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        time.sleep(0.3)  # the ready line follows /health 200 within 0.1 s
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out.splitlines()
+
+
+def test_startup_lines_are_those_of_real_sglang(lab: dict[str, Path]) -> None:
+    real = {name: (REAL / f"{name}-server.log").read_text().splitlines()
+            for name in ("nospec", "dflash")}
+    ours = _startup_lines(lab, *_models(lab))
+    for what, (pattern, source) in STARTUP_LINES.items():
+        regex = re.compile(STAMP + pattern)
+        assert any(regex.search(line) for line in real[source]), f"{what}: not in the real log"
+        assert any(regex.search(line) for line in ours), f"{what}: not in {ours}"
+    from ddtree_deploy.health.signatures import scan
+
+    assert scan(ours) == []

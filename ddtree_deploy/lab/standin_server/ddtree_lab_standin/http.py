@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -52,6 +53,10 @@ class Response:
     body: Any = field(default_factory=dict)
     content_type: str = "application/json"
 
+    @property
+    def streamed(self) -> bool:
+        return isinstance(self.body, Iterator)
+
     def encode(self) -> bytes:
         if isinstance(self.body, bytes):
             return self.body
@@ -72,9 +77,11 @@ class Server(ThreadingHTTPServer):
         address: tuple[str, int],
         routes: dict[tuple[str, str], Route],
         access_log: bool = True,
+        timestamps: bool = False,
     ) -> None:
         self.routes = routes
         self.access_log = access_log
+        self.timestamps = timestamps  # "[YYYY-mm-dd HH:MM:SS] " before each line, as SGLang
         super().__init__(address, _Handler)
 
 
@@ -100,12 +107,29 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 response = route(Request(method, path, body))
             except BadRequest as exc:
-                response = Response(400, {"error": {"message": str(exc), "code": 400}})
+                # as sglang's http_server _create_error_response (a ValueError's text)
+                response = Response(400, {"error": {"message": str(exc)}})
             except Exception as exc:  # keep serving; report like an internal error
                 response = Response(500, {"error": {"message": repr(exc), "code": 500}})
-        data = response.encode()
         self.send_response(response.status, REASONS.get(response.status))
         self.send_header("content-type", response.content_type)
+        if response.streamed:  # a StreamingResponse: chunked transfer, one chunk per item
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            try:
+                for piece in response.body:
+                    if piece and not head:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        self.wfile.flush()
+                if not head:
+                    self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+                close = getattr(response.body, "close", None)
+                if close is not None:
+                    close()
+            return
+        data = response.encode()
         self.send_header("content-length", str(len(data)))
         self.end_headers()
         if not head:
@@ -126,15 +150,21 @@ class _Handler(BaseHTTPRequestHandler):
         status = int(code) if str(code).isdigit() else 0
         client = f"{self.client_address[0]}:{self.client_address[1]}"
         line = self.requestline
-        print(
-            f'INFO:     {client} - "{line}" {status} {REASONS.get(status, "")}'.rstrip(), flush=True
-        )
+        print(stamp(self.server.timestamps)
+              + f'INFO:     {client} - "{line}" {status} {REASONS.get(status, "")}'.rstrip(),
+              flush=True)
 
     def log_message(self, format: str, *args: Any) -> None:
         print(format % args, file=sys.stderr, flush=True)
 
 
+def stamp(on: bool = True) -> str:
+    """SGLang's log prefix (its logging format "[%(asctime)s] ", seconds resolution)."""
+    return time.strftime("[%Y-%m-%d %H:%M:%S] ") if on else ""
+
+
 def make_server(
-    host: str, port: int, routes: dict[tuple[str, str], Route], access_log: bool = True
+    host: str, port: int, routes: dict[tuple[str, str], Route], access_log: bool = True,
+    timestamps: bool = False,
 ) -> Server:
-    return Server((host, port), routes, access_log)
+    return Server((host, port), routes, access_log, timestamps)

@@ -29,6 +29,7 @@ from typing import Any
 
 from ddtree_lab_standin import checks, gpu, models, realargs, serving
 from ddtree_lab_standin import http as labhttp
+from ddtree_lab_standin.speedmodel import SpeedModel
 
 log = logging.getLogger("sglang.launch_server")
 DEFAULT_MEM_FRACTION = 0.85
@@ -105,8 +106,11 @@ def run_checks(ns: argparse.Namespace) -> dict[str, Any]:
         raise checks.cuda_ordinal_error()
     target = models.load_model(ns.model_path)  # 8. model folders
     width = 0
+    block = None
     if algorithm in SPEC_WITH_DRAFT_CONFIG:
-        width = models.check_draft_fits(models.load_model(ns.speculative_draft_model_path), target)
+        draft = models.load_model(ns.speculative_draft_model_path)
+        width = models.check_draft_fits(draft, target)
+        block = models.draft_block_size(draft)
     fraction = float(getattr(ns, "mem_fraction_static", None) or DEFAULT_MEM_FRACTION)
     for g in visible[:tp]:  # memory another live process already holds
         rest = g.memory_total_mib * fraction - gpu.used_mib(g.index, exclude_pid=os.getpid())
@@ -115,7 +119,7 @@ def run_checks(ns: argparse.Namespace) -> dict[str, Any]:
                 "Not enough memory. Please try to increase --mem-fraction-static. "
                 f"Current value: mem_fraction_static={fraction}")
     return {"algorithm": algorithm, "gpus": visible[:tp], "target": target,
-            "fraction": fraction, "width": width}
+            "fraction": fraction, "width": width, "block": block}
 
 
 def _server_state(ns: argparse.Namespace, found: dict[str, Any]) -> serving.ServerState:
@@ -131,7 +135,20 @@ def _server_state(ns: argparse.Namespace, found: dict[str, Any]) -> serving.Serv
         args=args, version=installed_version(), model_path=ns.model_path,
         served_model_name=getattr(ns, "served_model_name", None) or ns.model_path,
         model_type=target.model_type, architectures=target.architectures,
-        algorithm=found["algorithm"], context_length=int(context))
+        algorithm=found["algorithm"], context_length=int(context),
+        skip_tokenizer_init=bool(getattr(ns, "skip_tokenizer_init", False)),
+        vocab_size=int(target.text.get("vocab_size") or 151936),
+        speed=speed_model(found["algorithm"], ns, found.get("block")))
+
+
+def speed_model(algorithm: str, ns: argparse.Namespace, block: int | None) -> SpeedModel:
+    """The stand-in's SYNTHETIC cost model for the flags it was started with."""
+    block = block or getattr(ns, "speculative_num_draft_tokens", None) or 16
+    return SpeedModel(
+        algorithm=algorithm if algorithm in ("NONE", "DFLASH", "DDTREE") else "DFLASH",
+        block=int(block), budget=int(getattr(ns, "speculative_ddtree_budget", None) or 0),
+        topk=int(getattr(ns, "speculative_ddtree_topk", None) or 1),
+        shadow_linear=bool(getattr(ns, "speculative_ddtree_shadow_linear", False)))
 
 
 def serve(ns: argparse.Namespace, found: dict[str, Any]) -> int:
@@ -147,16 +164,23 @@ def serve(ns: argparse.Namespace, found: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     target: models.ModelInfo = found["target"]
-    log.info("Load weight begin. avail mem=%.2f GB", gpus[0].memory_total_mib / 1024)
+    avail = gpus[0].memory_total_mib / 1024
+    log.info("Load weight begin. avail mem=%.2f GB", avail)
     if found["width"]:
         log.info("%s draft expects target hidden states of width %d (%d layers x %d)",
                  found["algorithm"], found["width"], found["width"] // target.hidden_size,
                  target.hidden_size)
-    log.info("Load weight end. type=%s, dtype=torch.bfloat16.",
-             (target.architectures or ["?"])[0])
+    log.info("Load weight end. elapsed=0.01 s, type=%s, avail mem=%.2f GB, mem usage=0.01 GB.",
+             (target.architectures or ["?"])[0], avail)
     state = _server_state(ns, found)
+    _log_speculative(state)
+    log.info("max_total_num_tokens=%d, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+             "max_running_requests=%s, context_len=%d, available_gpu_mem=%.2f GB",
+             state.context_length * 16, getattr(ns, "max_running_requests", None),
+             state.context_length, avail * (1 - found["fraction"]))
     try:
-        server = labhttp.make_server(ns.host, int(ns.port), serving.routes(state))
+        server = labhttp.make_server(ns.host, int(ns.port), serving.routes(state),
+                                     timestamps=True)
     except OSError as exc:
         # uvicorn logs asyncio's create_server error as it is (uvicorn/server.py startup())
         reason = (exc.strerror or str(exc)).lower()
@@ -166,18 +190,40 @@ def serve(ns: argparse.Namespace, found: dict[str, Any]) -> int:
         return 1
     state.started = time.monotonic()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(f"INFO:     Uvicorn running on http://{ns.host}:{ns.port} (Press CTRL+C to quit)",
-          flush=True)
+    stamp = labhttp.stamp
+    print(f"{stamp()}INFO:     Started server process [{os.getpid()}]", flush=True)
+    print(f"{stamp()}INFO:     Waiting for application startup.", flush=True)
+    print(f"{stamp()}INFO:     Application startup complete.", flush=True)
+    print(f"{stamp()}INFO:     Uvicorn running on http://{ns.host}:{ns.port} "
+          "(Press CTRL+C to quit)", flush=True)
     announced = False
     while not stop.wait(0.1):
         if not announced and state.ready():
             log.info("The server is fired up and ready to roll!")
             announced = True
+    log.info("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
     server.shutdown()
     server.server_close()
     gpu.remove_claims(claims)
-    log.info("Shutting down (signal received)")
+    log.info("Gracefully exiting... Remaining number of requests %d. Remaining requests "
+             "remaining_rids=[].", state.active())
     return 0
+
+
+def _log_speculative(state: serving.ServerState) -> None:
+    """The draft runner's ready lines, as DFLASH (sglang 0.5.11) and the DDTree payload log."""
+    speed = state.speed
+    if state.algorithm not in SPEC_WITH_DRAFT_CONFIG:
+        return
+    log.info("Initialized DFLASH draft runner. attention_backend=%s, model=DFlashDraftModel, "
+             "block_size=%d, draft_window_size=None, compact_cache=False",
+             state.args.get("attention_backend"), speed.block)
+    log.info("DFLASH draft runner ready. mask_token=<|MASK|>, mask_token_id=%s, "
+             "mask_token_id_override=%s", None, None)
+    if state.algorithm == "DDTREE":
+        mode = "shadow-linear" if speed.shadow_linear else "full-tree"
+        log.info("DDTREE ready: budget=%d topk=%d block=%d mode=%s", speed.budget, speed.topk,
+                 speed.block, mode)
 
 
 def main(argv: list[str]) -> int:
