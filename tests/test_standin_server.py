@@ -494,7 +494,7 @@ STARTUP_LINES = {
 }
 
 
-def _shape(value: object) -> object:
+def _shape(value: object) -> Any:
     """Keys (in order) and JSON types of a value; lists by their first item."""
     if isinstance(value, dict):
         return [(k, _shape(v)) for k, v in value.items()]
@@ -651,8 +651,8 @@ def test_model_info_models_and_server_info_match_the_real_shapes(standin: object
         info = json.loads(_get(f"{base}/server_info")[1])
         assert info["version"] == real_info["version"] == "0.5.11"
         assert info["skip_tokenizer_init"] is real_info["skip_tokenizer_init"] is True
-        real_state = dict(_shape(real_info["internal_states"][0]))  # type: ignore[arg-type]
-        state = dict(_shape(info["internal_states"][0]))  # type: ignore[arg-type]
+        real_state = dict(_shape(real_info["internal_states"][0]))
+        state = dict(_shape(info["internal_states"][0]))
         for key in ("last_gen_throughput", "memory_usage", "effective_max_running_requests_per_dp"):
             assert state[key] == real_state[key], key
         assert info["internal_states"][0]["avg_spec_accept_length"] > 1
