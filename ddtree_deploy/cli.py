@@ -1,78 +1,148 @@
 """The ddtree-deploy command line: thin (parse, call, render).
 
 Every command shares the exit codes of errors.ExitCode; a DeployError becomes its
-message and exit code, never a traceback.
+message and exit code, never a traceback. With --json, the error is also printed on
+stdout as a JSON object ({"error": ..., "exit_code": ...}), so a machine reading
+stdout always gets JSON. Output that cannot be written (stdout on a full disk) is
+one line on stderr and exit 1; Ctrl-C while the CLI is still starting exits 130.
 """
 
-from __future__ import annotations
-
+import errno
+import json
+import os
+import signal
 import sys
+import threading
+from typing import TYPE_CHECKING, Any
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-from ddtree_deploy import (
-    __version__,
-    cli_converge,
-    cli_hosts,
-    cli_inventory,
-    cli_lab,
-    cli_overlay,
-    cli_payload,
-    cli_service,
-    cli_venv,
-)
-from ddtree_deploy.cli_common import console
-from ddtree_deploy.errors import DeployError
-
-app = typer.Typer(
-    name="ddtree-deploy",
-    help="Get a DDTree speculative-decoding build of SGLang running on GPU hosts over SSH.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.command()(cli_converge.plan)
-app.command()(cli_converge.apply)
-app.command()(cli_inventory.inventory)
-app.command()(cli_inventory.doctor)
-app.command()(cli_service.probe)
-app.add_typer(cli_service.app, name="service")
-app.add_typer(cli_payload.app, name="payload")
-app.add_typer(cli_venv.app, name="venv")
-app.add_typer(cli_overlay.app, name="overlay")
-app.add_typer(cli_hosts.app, name="hosts")
-app.add_typer(cli_lab.app, name="lab")
-
-err = console(stderr=True)
+# Writing the output failed: the disk or quota is full, or the device gives up.
+_OUTPUT_LOST = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"ddtree-deploy {__version__}")
-        raise typer.Exit()
+def build_app() -> "typer.Typer":
+    """The Typer app with every command (imported here: main() guards the imports)."""
+    import typer
+
+    from ddtree_deploy import (
+        __version__,
+        cli_converge,
+        cli_hosts,
+        cli_inventory,
+        cli_lab,
+        cli_overlay,
+        cli_payload,
+        cli_service,
+        cli_venv,
+    )
+
+    app = typer.Typer(
+        name="ddtree-deploy",
+        help="Get a DDTree speculative-decoding build of SGLang running on GPU hosts over SSH.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.command()(cli_converge.plan)
+    app.command()(cli_converge.apply)
+    app.command()(cli_inventory.inventory)
+    app.command()(cli_inventory.doctor)
+    app.command()(cli_service.probe)
+    app.add_typer(cli_service.app, name="service")
+    app.add_typer(cli_payload.app, name="payload")
+    app.add_typer(cli_venv.app, name="venv")
+    app.add_typer(cli_overlay.app, name="overlay")
+    app.add_typer(cli_hosts.app, name="hosts")
+    app.add_typer(cli_lab.app, name="lab")
+
+    def _version(value: bool) -> None:
+        if value:
+            typer.echo(f"ddtree-deploy {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def root(
+        ctx: typer.Context,
+        hosts: str = typer.Option(None, "--hosts", metavar="FILE",
+                                  help="hosts file (default: $DDTREE_DEPLOY_HOSTS, ./hosts.yaml, "
+                                       "XDG config, the embedded lab file)"),
+        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
+    ) -> None:
+        ctx.obj = {"hosts": hosts}
+
+    return app
 
 
-@app.callback()
-def root(
-    ctx: typer.Context,
-    hosts: str = typer.Option(None, "--hosts", metavar="FILE",
-                              help="hosts file (default: $DDTREE_DEPLOY_HOSTS, ./hosts.yaml, "
-                                   "XDG config, the embedded lab file)"),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
-) -> None:
-    ctx.obj = {"hosts": hosts}
+def _interrupted_at_start(signum: int, frame: Any) -> None:
+    sys.stderr.write("interrupted\n")
+    raise SystemExit(130)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point; typer handles usage errors (exit 2) and exits itself."""
+def _wants_json(args: list[str]) -> bool:
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+def _stderr(markup: str) -> None:
+    from ddtree_deploy.cli_common import console
+
+    console(stderr=True).print(markup, highlight=False, soft_wrap=True)
+
+
+def _report(exc: Exception, code: int, as_json: bool) -> None:
+    from ddtree_deploy.cli_text import esc
+
+    if as_json:
+        sys.stdout.write(json.dumps({"error": str(exc), "exit_code": code}, indent=2) + "\n")
+        sys.stdout.flush()
+    _stderr(f"[red]error:[/red] {esc(exc)}")
+
+
+def _output_lost(exc: OSError) -> None:
+    """stdout cannot take more: say so on stderr; what is still buffered goes nowhere
+    (else the interpreter's last flush prints a traceback of its own)."""
     try:
-        app(args=argv)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    """Console entry point; typer handles usage errors (exit 2) and exits itself."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    guard = threading.current_thread() is threading.main_thread()
+    if guard:  # Ctrl-C during the imports: a line and 130, not a traceback
+        previous = signal.signal(signal.SIGINT, _interrupted_at_start)
+    from ddtree_deploy.errors import DeployError
+
+    app = build_app()
+    if guard:
+        signal.signal(signal.SIGINT, previous or signal.default_int_handler)
+    code = 0
+    try:
+        try:
+            app(args=args)
+        finally:
+            sys.stdout.flush()
     except DeployError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(int(exc.exit_code))
+        code = int(exc.exit_code)
+        try:
+            _report(exc, code, _wants_json(args))
+        except OSError as lost:
+            _output_lost(lost)
     except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+        sys.stderr.write("interrupted\n")
+        code = 130
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_LOST:
+            raise
+        _output_lost(exc)
+        code = 1
+    sys.exit(code)
 
 
 if __name__ == "__main__":
