@@ -22,6 +22,9 @@ MANIFEST_FORMAT = "ddtree-rehearsal-carry/1"
 COLUMNS = ("name", "version", "into", "repack", "size", "carried", "sha256", "filename", "why")
 #: where an entry goes: the GPU host's venv, the tool's own folder, or nowhere (listed with why not)
 INTO = ("venv", "tool", "skip")
+#: the tool's requirements the GPU host's venv already has (KINDS.md's package list, 2026-11-17):
+#: not carried; `carry install` checks their versions against the tool's own metadata
+HOST_HAS = ("typer", "rich", "pyyaml", "jinja2", "packaging")
 
 
 class CarryError(Exception):
