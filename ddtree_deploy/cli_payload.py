@@ -29,8 +29,9 @@ def _render(outcome, as_json: bool) -> None:
     if as_json:
         print_json(out, asdict(outcome))
         return
+    was = f", was {outcome.previous}" if outcome.previous else ""
     out.print(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, payload "
-              f"{outcome.payload or '-'})", highlight=False)
+              f"{outcome.payload or '-'}{was})", highlight=False)
     for c in outcome.checks:
         style = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
         out.print(f"  [{style}]{c.status}[/{style}] {c.name} ({c.mode}): {c.detail}",
@@ -70,13 +71,15 @@ def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
     config = config_of(ctx)
     manifest, _ = _manifest(payload)
     with open_transport(config, config.host(host)) as t:
-        found = ops.locate(t, venv, "sglang", [])
-        if not found["state"]:
-            out.print(f"{venv}: no payload deployed")
+        found, state = ops.installed(t, venv)
+        if state is None:
+            if as_json:
+                print_json(out, {"venv": venv, "action": "no payload deployed"})
+            else:
+                out.print(f"{venv}: no payload deployed", markup=False, highlight=False)
             raise typer.Exit(1)
-        checks = ops.verify(t, venv, manifest, found["package_dir"], torch=found["torch"])
-    outcome = ops.Outcome(venv, "verified", found["version"], found["state"].get("version"),
-                          checks)
+        checks = ops.verify(t, venv, manifest, state.package_dir, torch=found["torch"])
+    outcome = ops.Outcome(venv, "verified", found["version"], state.version, checks)
     _render(outcome, as_json)
     _fail_on_checks(outcome)
 
@@ -117,8 +120,11 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
     venvs = list(dict.fromkeys(venvs))
     with open_transport(config, spec) as t:
         states = ops.status(t, venvs)
+    failed = any(st is not None and "error" in st for st in states.values())
     if as_json:
         print_json(out, states)
+        if failed:
+            raise typer.Exit(1)
         return
     table = Table(title=f"payloads on {host}")
     for col in ("venv", "payload", "sglang", "deployed"):
@@ -132,3 +138,5 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
             table.add_row(venv, f"{st['payload']} {st['version']}", st.get("sglang", "?"),
                           st.get("backup", ""))
     out.print(table)
+    if failed:  # a venv that is not one, or whose state cannot be read, is not a status
+        raise typer.Exit(1)

@@ -1,28 +1,43 @@
-"""Deploy, verify, roll back and report the payload on a venv of a host.
+"""Deploy, upgrade, verify, roll back and report the payload on a venv of a host.
 
-deploy: the venv's sglang version must be one the manifest supports and every
-upstream file it patches must match the manifest's sha256 (else a clear refusal
-naming the file); originals are backed up on the host byte for byte; patched and
-new files are installed (each written beside its target, then renamed); stale
-__pycache__ of touched modules is cleared; then verify runs in the venv's own
-python. A failed verify rolls the deploy back. rollback restores the originals and
-removes the files the payload added, and clears __pycache__ again.
+deploy: the venv's sglang version must be one the manifest supports and every upstream file
+it patches must match the manifest's sha256 (else a clear refusal naming the file). In one
+round trip the host-side script (remote.py) backs up the originals byte for byte (symlinks
+as symlinks), writes the backup's manifest and the state, then installs each file beside its
+target and renames it over; stale __pycache__ is cleared; verify runs in the venv's own
+python. A failed verify rolls back (the backup folder goes with it).
+
+A venv that already has a payload of another version or content, or whose payload files
+were changed since, is upgraded in place: the recorded state and its backup are checked
+(the backup's originals must be the upstream files the new payload patches), the new files
+are made from those originals and installed over the old ones, what the old payload touched
+and the new one does not goes back to upstream, and the backup keeps the true upstream
+originals, so rollback still restores the venv as it was before any payload.
+
+rollback restores the originals, removes the files the payload added, clears __pycache__,
+checks every file, then drops the state and the backup.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
-import io
-import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddtree_deploy.errors import DeployError, RefusedError, RemoteCommandError
-from ddtree_deploy.payload.manifest import Manifest, Support
+from ddtree_deploy.errors import ConfigError, DeployError, RefusedError, RemoteCommandError
+from ddtree_deploy.payload.manifest import Manifest, Support, read_file, read_text
 from ddtree_deploy.payload.patching import apply_patch
-from ddtree_deploy.payload.remote import CLEAR_PYCACHE, LOCATE, STATE_DIR
+from ddtree_deploy.payload.state import (
+    PayloadRefused,
+    PayloadState,
+    call,
+    parse_state,
+    python_of,
+)
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 
@@ -38,35 +53,33 @@ class StepResult:
 @dataclass
 class Outcome:
     venv: str
-    action: str  # deployed | unchanged | rolled back | nothing to roll back
+    action: str  # deployed | upgraded | unchanged | rolled back | nothing to roll back
     sglang: str | None = None
     payload: str | None = None
     checks: list[StepResult] = field(default_factory=list)
+    previous: str | None = None  # upgraded: the version that was there
 
 
-def _python(venv: str) -> str:
-    return f"{venv.rstrip('/')}/bin/python"
-
-
-def locate(t: ExecTransport, venv: str, package: str, rels: list[str]) -> dict[str, Any]:
-    r = t.run(Command(argv=(_python(venv), "-", package, STATE_DIR, *rels),
-                      stdin=LOCATE.encode()), timeout=60)
-    if r.exit_code == 127 or "No such file" in r.stderr and not r.stdout:
-        raise RefusedError(f"{venv} on {t.host} is not a venv (no {_python(venv)})")
-    r.check()
-    found: dict[str, Any] = json.loads(r.stdout)
+def _shape(found: dict[str, Any], venv: str, host: str) -> dict[str, Any]:
+    ok = (isinstance(found.get("package_dir"), (str, type(None)))
+          and isinstance(found.get("version"), (str, type(None)))
+          and isinstance(found.get("files"), dict) and isinstance(found.get("links"), dict)
+          and isinstance(found.get("state"), (str, type(None))))
+    if not ok:
+        raise PayloadRefused(f"{venv} on {host}: the venv's python answered a locate of the "
+                             "wrong form")
     return found
 
 
-def _read(t: ExecTransport, path: str) -> bytes:
-    buf = io.BytesIO()
-    t.get_stream(path, buf)
-    return buf.getvalue()
+def locate(t: ExecTransport, venv: str, package: str, rels: list[str]) -> dict[str, Any]:
+    """The package folder, the installed version, each named file's sha256 (None: absent),
+    torch present, and the state file's text ('state'; parse it with parse_state)."""
+    return _shape(call(t, venv, "locate", package=package, rels=rels), venv, t.host)
 
 
-def _clear_pycache(t: ExecTransport, venv: str, pkg: str, rels: list[str]) -> None:
-    t.run(Command(argv=(_python(venv), "-", pkg, *rels), stdin=CLEAR_PYCACHE.encode()),
-          timeout=60).check()
+def installed(t: ExecTransport, venv: str) -> tuple[dict[str, Any], PayloadState | None]:
+    found = locate(t, venv, "sglang", [])
+    return found, parse_state(found, venv, t.host)
 
 
 def _supported(manifest: Manifest, version: str | None, venv: str, host: str) -> Support:
@@ -80,64 +93,143 @@ def _supported(manifest: Manifest, version: str | None, venv: str, host: str) ->
     return manifest.sglang[version]
 
 
-def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Outcome:
-    probe = locate(t, venv, "sglang", [])
-    support = _supported(manifest, probe["version"], venv, t.host)
-    targets = manifest.targets(probe["version"])
-    found = locate(t, venv, support.package, targets)
-    pkg = found["package_dir"]
-    state = found["state"]
-    if state and state.get("payload") == manifest.payload:
-        if state.get("version") == manifest.version and all(
-            found["files"].get(rel) == digest for rel, digest in state["files"].items()
-        ):
-            out = Outcome(venv, "unchanged", probe["version"], manifest.version)
-            out.checks = verify(t, venv, manifest, pkg, torch=found["torch"])
-            return out
-        raise RefusedError(f"payload {state.get('payload')} {state.get('version')} is already on "
-                           f"{venv}; roll it back first (ddtree-deploy payload rollback)")
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PayloadRefused(f"{what} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _b64(doc: dict[str, Any], rel: str, what: str) -> bytes:
+    value = doc.get(rel)
+    if not isinstance(value, str):
+        raise PayloadRefused(f"{what}: the host sent no contents for {rel}")
+    return base64.b64decode(value)
+
+
+@dataclass
+class _Old:
+    """The payload already on the venv: its state and its backup's upstream originals."""
+
+    state: PayloadState
+    backup: str
+    originals: dict[str, dict[str, Any] | None]
+    content: dict[str, str]
+
+
+def _old_payload(t: ExecTransport, venv: str, state: PayloadState, version: str,
+                 support: Support, patch_targets: list[str]) -> _Old:
+    where = f"{venv} on {t.host}"
+    if state.sglang != version:
+        raise PayloadRefused(
+            f"{where}: the payload there was made for sglang {state.sglang}, the venv now has "
+            f"{version} (sglang was reinstalled under it); its backup holds another version's "
+            "files", hint=f"put the venv's sglang back to {state.sglang} and run payload "
+                          "rollback, or reinstall sglang and remove the venv's .ddtree-deploy")
+    if state.package != support.package:
+        raise PayloadRefused(f"{where}: the payload there patches package {state.package}, "
+                             f"this one {support.package}; roll it back first")
+    got = call(t, venv, "backup", package=support.package, backup=state.backup,
+               want=patch_targets)
+    originals, files = got.get("originals"), got.get("files")
+    if not isinstance(originals, dict) or not isinstance(files, dict) \
+            or not isinstance(got.get("content"), dict) or not isinstance(got.get("backup"), str):
+        raise PayloadRefused(f"{where}: the backup answer has the wrong form")
+    for rel, entry in originals.items():
+        if entry is not None and files.get(rel) != entry.get("sha256"):
+            raise PayloadRefused(f"{where}: the backup of {rel} in {got['backup']} is not the "
+                                 "original it recorded: the upgrade cannot restore it")
+    return _Old(state, got["backup"], originals, got["content"])
+
+
+def _plan_files(t: ExecTransport, venv: str, manifest: Manifest, folder: Path, version: str,
+                found: dict[str, Any], old: _Old | None) -> tuple[dict[str, bytes],
+                                                                  dict[str, Any]]:
+    """The new files (from the upstream originals) and the originals to back up now."""
+    support = manifest.sglang[version]
+    kept = old.originals if old else {}
+    upstream: dict[str, str] = {}
+    fetch = []
     for p in support.patches:
-        have = found["files"].get(p.target)
+        if p.target in kept:
+            entry = kept[p.target]
+            have = entry.get("sha256") if entry else None
+            upstream[p.target] = "backup"
+        else:
+            have = found["files"].get(p.target)
+            fetch.append(p.target)
         if have != p.sha256:
             raise RefusedError(
                 f"{venv} on {t.host}: {support.package}/{p.target} is not the sglang "
-                f"{probe['version']} file the payload patches: expected sha256 {p.sha256}, "
-                f"found {have or 'no such file'}"
-            )
+                f"{version} file the payload patches: expected sha256 {p.sha256}, found "
+                f"{have or 'no such file'}" + (" (in the backup of the payload there)"
+                                               if p.target in kept else ""))
+    read = call(t, venv, "read", package=support.package, rels=fetch)["content"] if fetch \
+        else {}
     new: dict[str, bytes] = {}
     for p in support.patches:
-        original = _read(t, f"{pkg}/{p.target}").decode()
-        patch_text = (folder / p.patch).read_text(encoding="utf-8")
-        new[p.target] = apply_patch(original, patch_text, name=p.target).encode()
+        src = old.content if upstream.get(p.target) == "backup" and old else read
+        original = _decode(_b64(src, p.target, f"{venv} on {t.host}"),
+                           f"{support.package}/{p.target} on {t.host}")
+        new[p.target] = apply_patch(original, read_text(folder, p.patch),
+                                    name=p.target).encode()
     for f in support.files:
-        new[f.target] = (folder / f.source).read_bytes()
-    backup = f"{venv.rstrip('/')}/{STATE_DIR}/backups/{manifest.payload}-{manifest.version}-" \
-             f"{time.strftime('%Y%m%dT%H%M%S')}"
-    originals = {rel: found["files"].get(rel) for rel in targets}
-    script = 'set -e; b="$1"; p="$2"; shift 2; mkdir -p "$b/files"; for r in "$@"; do ' \
-             'mkdir -p "$b/files/$(dirname "$r")"; cp -p "$p/$r" "$b/files/$r"; done'
-    t.run(Command.shell(script, backup, pkg, *[r for r, h in originals.items() if h]),
-          timeout=120).check()
-    t.put_stream(io.BytesIO(json.dumps(originals, indent=1).encode()), f"{backup}/manifest.json")
-    state_doc = {"payload": manifest.payload, "version": manifest.version,
-                 "sglang": probe["version"], "package_dir": pkg, "backup": backup,
-                 "deployed_at": time.time(),
+        new[f.target] = read_file(folder, f.source)
+    add = {rel: None if found["files"].get(rel) is None else {
+        "sha256": found["files"][rel], "link": found["links"].get(rel)}
+        for rel in new if rel not in kept}
+    return new, add
+
+
+def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Outcome:
+    probe, state = installed(t, venv)
+    version = probe["version"]
+    support = _supported(manifest, version, venv, t.host)
+    targets = manifest.targets(version)
+    digest = manifest.digest(folder, version)
+    rels = list(dict.fromkeys(targets + (list(state.files) if state else [])))
+    found = locate(t, venv, support.package, rels)
+    pkg = found["package_dir"]
+    if pkg is None:
+        raise PayloadRefused(f"{venv} on {t.host} has no package folder {support.package}")
+    old = None
+    if state is not None:
+        same = (state.payload, state.version, state.digest) == (manifest.payload,
+                                                                 manifest.version, digest)
+        intact = all(found["files"].get(rel) == h for rel, h in state.files.items())
+        if same and intact:
+            out = Outcome(venv, "unchanged", version, manifest.version)
+            out.checks = verify(t, venv, manifest, pkg, torch=found["torch"])
+            return out
+        old = _old_payload(t, venv, state, version, support,
+                           [p.target for p in support.patches])
+    new, add = _plan_files(t, venv, manifest, folder, version, found, old)
+    kept = old.originals if old else {}
+    restore = sorted(rel for rel in kept if rel not in new)
+    state_doc = {"payload": manifest.payload, "version": manifest.version, "digest": digest,
+                 "sglang": version, "package": support.package, "package_dir": pkg,
+                 "backup": "", "deployed_at": time.time(),
                  "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in new.items()}}
-    try:
-        for rel, data in new.items():
-            t.put_stream(io.BytesIO(data), f"{pkg}/{rel}", mode=0o644)
-        _clear_pycache(t, venv, pkg, list(new))
-        t.put_stream(io.BytesIO(json.dumps(state_doc, indent=1).encode()),
-                     f"{venv.rstrip('/')}/{STATE_DIR}/payload.json")
-        checks = verify(t, venv, manifest, pkg, torch=found["torch"])
-        failed = [c for c in checks if c.status == "failed"]
-        if failed:
-            raise DeployError(f"payload verify failed on {venv}: " + "; ".join(
-                f"{c.name}: {c.detail}" for c in failed))
-    except DeployError:
+    where = {"backup": old.backup} if old else {
+        "new_backup": f"{manifest.payload}-{manifest.version}-{time.strftime('%Y%m%dT%H%M%S')}"
+                      f"-{os.urandom(3).hex()}"}
+    call(t, venv, "install", timeout=300, package=support.package, originals=add,
+         restore=restore, state=state_doc,
+         files={rel: base64.b64encode(data).decode() for rel, data in new.items()}, **where)
+    checks = verify(t, venv, manifest, pkg, torch=found["torch"])
+    failed = [c for c in checks if c.status == "failed"]
+    if failed:
         rollback(t, venv)
-        raise
-    return Outcome(venv, "deployed", probe["version"], manifest.version, checks)
+        raise DeployError(f"payload verify failed on {venv}: " + "; ".join(
+            f"{c.name}: {c.detail}" for c in failed) + " (rolled back to the upstream files)")
+    if old is None:
+        return Outcome(venv, "deployed", version, manifest.version, checks)
+    return Outcome(venv, "upgraded", version, manifest.version, checks,
+                   previous=_label(old.state.payload, old.state.version, old.state.digest))
+
+
+def _label(payload: str, version: str, digest: str | None) -> str:
+    return f"{payload} {version}" + (f" (content {digest})" if digest else "")
 
 
 FULL_STACK_CHECK = "import numpy, torch; torch.Tensor; torch.zeros(1)"
@@ -147,7 +239,7 @@ def full_stack(t: ExecTransport, venv: str, torch: bool) -> str | None:
     """None when the venv can import the real stack (numpy, torch); else why not."""
     if not torch:
         return "torch is not installed in this venv"
-    r = t.run(Command.of(_python(venv), "-c", FULL_STACK_CHECK), timeout=120)
+    r = t.run(Command.of(python_of(venv), "-c", FULL_STACK_CHECK), timeout=120)
     if r.ok:
         return None
     last = (r.stderr.strip().splitlines() or ["import failed"])[-1]
@@ -165,7 +257,8 @@ def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: 
                                       f"{missing}: the normal import cannot run, so only the "
                                       "light checks (modules loaded by file) were made"))
             continue
-        r = t.run(Command(argv=(_python(venv), "-", pkg), stdin=step.code.encode()), timeout=120)
+        r = t.run(Command(argv=(python_of(venv), "-", pkg), stdin=step.code.encode()),
+                  timeout=120)
         detail = (r.stdout.strip().splitlines() or [""])[-1] if r.ok else \
             (r.stderr.strip().splitlines() or ["no output"])[-1]
         results.append(StepResult(step.name, step.mode, "passed" if r.ok else "failed", detail))
@@ -173,35 +266,25 @@ def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: 
 
 
 def rollback(t: ExecTransport, venv: str) -> Outcome:
-    found = locate(t, venv, "sglang", [])
-    state = found["state"]
-    if not state:
+    found, state = installed(t, venv)
+    if state is None:
         return Outcome(venv, "nothing to roll back", found["version"])
-    backup, pkg = state["backup"], state["package_dir"]
-    originals: dict[str, str | None] = json.loads(_read(t, f"{backup}/manifest.json"))
-    restore = [r for r, h in originals.items() if h]
-    remove = [r for r, h in originals.items() if not h]
-    script = 'set -e; b="$1"; p="$2"; n="$3"; shift 3; i=0; for r in "$@"; do i=$((i+1)); ' \
-             'if [ "$i" -le "$n" ]; then cp -p "$b/files/$r" "$p/$r.ddtree-restore" && ' \
-             'mv -f "$p/$r.ddtree-restore" "$p/$r"; else rm -f "$p/$r"; fi; done'
-    t.run(Command.shell(script, backup, pkg, str(len(restore)), *restore, *remove),
-          timeout=120).check()
-    _clear_pycache(t, venv, pkg, list(originals))
-    after = locate(t, venv, "sglang", list(originals))
-    wrong = [r for r in restore if after["files"].get(r) != originals[r]]
-    if wrong:
-        raise RemoteCommandError(f"rollback on {venv}: {', '.join(wrong)} differ from the backup")
-    t.run(Command.of("rm", "-f", f"{venv.rstrip('/')}/{STATE_DIR}/payload.json"), timeout=30
-          ).check()
-    return Outcome(venv, "rolled back", found["version"], state.get("version"))
+    got = call(t, venv, "restore", timeout=300, package=state.package,
+               package_dir=state.package_dir, backup=state.backup)
+    if got.get("wrong"):
+        raise RemoteCommandError(f"rollback on {venv}: {', '.join(map(str, got['wrong']))} "
+                                 "differ from the backup (the state and backup are kept)")
+    return Outcome(venv, "rolled back", found["version"], state.version)
 
 
 def status(t: ExecTransport, venvs: list[str]) -> dict[str, dict[str, Any] | None]:
-    """venv -> its payload state (None: no payload; {'error': ...}: not a venv)."""
+    """venv -> its payload state (None: no payload; {'error': ...}: not a venv, or its state
+    cannot be read)."""
     out: dict[str, dict[str, Any] | None] = {}
     for venv in venvs:
         try:
-            out[venv] = locate(t, venv, "sglang", [])["state"]
-        except DeployError as exc:
-            out[venv] = {"error": str(exc)}
+            _, state = installed(t, venv)
+            out[venv] = state.model_dump() if state else None
+        except (DeployError, ConfigError) as exc:
+            out[venv] = {"error": exc.message}
     return out

@@ -1,23 +1,51 @@
-"""payload.yaml: what a payload changes in which SGLang versions, and how to verify it."""
+"""payload.yaml: what a payload changes in which SGLang versions, and how to verify it.
+
+Every name that ends up in a path on a host is checked here, before anything runs: the
+package (a plain Python identifier), the payload's name and version (they name its backup
+folder), each target and each file of the payload folder (relative, no '..', no hidden or
+empty parts). A payload folder ships regular files: a patch or source that is a symlink is
+refused, so no file from elsewhere on the workstation can be installed on a host.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.yamlmodel import load_model
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-REL = re.compile(r"^(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9_./-]+$")
+PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
+REL = re.compile(rf"^{PART}(?:/{PART})*$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
-def _rel(value: str) -> str:
+def check_rel(value: str) -> str:
     if not REL.match(value):
-        raise ValueError(f"expected a relative path without '..', got {value!r}")
+        raise ValueError(f"expected a relative path of plain names (no '..', no leading '/' "
+                         f"or '.'), got {value!r}")
+    return value
+
+
+def check_name(value: str) -> str:
+    if not NAME.match(value) or ".." in value:
+        raise ValueError(f"expected a name of letters, digits and . _ + - (no '/', no '..'), "
+                         f"got {value!r}")
+    return value
+
+
+def check_sha(value: str) -> str:
+    if not SHA256.match(value):
+        raise ValueError(f"expected 64 lowercase hex digits, got {value!r}")
     return value
 
 
@@ -27,14 +55,8 @@ class Patch(BaseModel):
     sha256: str  # of the upstream file the patch applies to
     patch: str  # relative to the payload folder
 
-    _t = field_validator("target", "patch")(_rel)
-
-    @field_validator("sha256")
-    @classmethod
-    def _hash(cls, value: str) -> str:
-        if not SHA256.match(value):
-            raise ValueError(f"expected 64 lowercase hex digits, got {value!r}")
-        return value
+    _t = field_validator("target", "patch")(check_rel)
+    _h = field_validator("sha256")(check_sha)
 
 
 class NewFile(BaseModel):
@@ -42,7 +64,7 @@ class NewFile(BaseModel):
     source: str  # relative to the payload folder
     target: str  # relative to the package
 
-    _t = field_validator("source", "target")(_rel)
+    _t = field_validator("source", "target")(check_rel)
 
 
 class Support(BaseModel):
@@ -50,6 +72,22 @@ class Support(BaseModel):
     package: str = "sglang"
     patches: list[Patch] = Field(default_factory=list)
     files: list[NewFile] = Field(default_factory=list)
+
+    @field_validator("package")
+    @classmethod
+    def _package(cls, value: str) -> str:
+        if not PACKAGE.match(value):
+            raise ValueError(f"expected a Python package name (letters, digits, _), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique(self) -> Support:
+        seen: set[str] = set()
+        for target in [p.target for p in self.patches] + [f.target for f in self.files]:
+            if target in seen:
+                raise ValueError(f"target {target!r} is named twice")
+            seen.add(target)
+        return self
 
 
 class VerifyStep(BaseModel):
@@ -66,9 +104,46 @@ class Manifest(BaseModel):
     sglang: dict[str, Support]
     verify: list[VerifyStep] = Field(default_factory=list)
 
+    _n = field_validator("payload", "version")(check_name)
+
     def targets(self, sglang_version: str) -> list[str]:
         s = self.sglang[sglang_version]
         return [p.target for p in s.patches] + [f.target for f in s.files]
+
+    def digest(self, folder: Path, sglang_version: str) -> str:
+        """What the payload installs for this sglang version, as one hash: the file map and
+        every patch and source file's bytes. Two payloads with the same version but other
+        contents differ here (a host whose payload differs is upgraded)."""
+        s = self.sglang[sglang_version]
+        h = hashlib.sha256(json.dumps(s.model_dump(), sort_keys=True).encode())
+        for rel in sorted({p.patch for p in s.patches} | {f.source for f in s.files}):
+            h.update(b"\0" + rel.encode() + b"\0" + read_file(folder, rel))
+        return h.hexdigest()[:16]
+
+
+def read_file(folder: Path, rel: str) -> bytes:
+    """A payload file's bytes, refused unless it is a regular file inside the folder (no
+    symlink anywhere below the folder itself)."""
+    root = os.path.realpath(folder)
+    path = os.path.join(root, *rel.split("/"))
+    if os.path.realpath(path) != path:
+        raise ConfigError(f"{folder}/{rel} is a symlink (or lies under one): a payload ships "
+                          "its own regular files")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ConfigError(f"{folder}/{rel}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise ConfigError(f"{folder}/{rel} is not a regular file")
+        return fh.read()
+
+
+def read_text(folder: Path, rel: str) -> str:
+    try:
+        return read_file(folder, rel).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{folder}/{rel}: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_manifest(folder: Path) -> tuple[Manifest, Path]:
@@ -76,6 +151,20 @@ def load_manifest(folder: Path) -> tuple[Manifest, Path]:
     manifest = load_model(path, Manifest, "a payload manifest")
     for version, support in manifest.sglang.items():
         for rel in [p.patch for p in support.patches] + [f.source for f in support.files]:
-            if not (folder / rel).is_file():
+            if not (folder / rel).exists() and not (folder / rel).is_symlink():
                 raise ConfigError(f"{path}: sglang.{version}: {rel} is missing from {folder}")
+            read_file(folder, rel)  # a symlink or a folder: refused here, before any host
+        for p in support.patches:
+            read_text(folder, p.patch)
     return manifest, folder
+
+
+def shipped_identity(sglang_version: str | None) -> tuple[str, str, str] | None:
+    """(payload, version, digest) of the built-in payload for this sglang version; None
+    when it does not support the version."""
+    from ddtree_deploy.resources import data_path
+
+    manifest, folder = load_manifest(data_path("payload"))
+    if sglang_version not in manifest.sglang:
+        return None
+    return manifest.payload, manifest.version, manifest.digest(folder, sglang_version)

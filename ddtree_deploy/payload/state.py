@@ -1,0 +1,128 @@
+"""What the payload tool reads back from a host, validated like any input.
+
+`call` runs one op of the host-side script (remote.py) in the venv's python and checks its
+answer is the script's JSON; `parse_state` checks the venv's payload.json (a mapping with
+the keys a deploy writes, names and paths of the right form). Anything else is refused with
+the host, the venv and what was wrong (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from ddtree_deploy.errors import ExitCode, RefusedError, RemoteCommandError
+from ddtree_deploy.payload.manifest import PACKAGE, check_name, check_rel, check_sha
+from ddtree_deploy.payload.remote import STATE_DIR, program
+from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.base import ExecTransport
+
+
+class PayloadRefused(RefusedError):
+    """Refused: a path that leaves the venv or package, a host answer or state of the wrong
+    form (a usage error: exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+def python_of(venv: str) -> str:
+    return f"{venv.rstrip('/')}/bin/python"
+
+
+def state_path(venv: str) -> str:
+    return f"{venv.rstrip('/')}/{STATE_DIR}/payload.json"
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """Host text in a message: quoted, control characters escaped, bounded."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def call(t: ExecTransport, venv: str, op: str, timeout: float = 120, **req: Any
+         ) -> dict[str, Any]:
+    python = python_of(venv)
+    r = t.run(Command(argv=(python, "-I", "-"), stdin=program(json.dumps({"op": op, **req}))),
+              timeout=timeout)
+    if r.exit_code == 127 or (not r.stdout and "No such file" in r.stderr):
+        raise PayloadRefused(f"{venv} on {t.host} is not a venv (no {python})")
+    lines = r.stdout.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("ddtree_payload") != 1 \
+            or not isinstance(doc.get("result"), dict):
+        said = r.stdout.strip() or r.stderr.strip() or f"exit code {r.exit_code}"
+        raise PayloadRefused(f"{venv} on {t.host}: the venv's python did not answer the payload "
+                             f"tool's JSON (it said {_shown(said)})")
+    out: dict[str, Any] = doc["result"]
+    if isinstance(out.get("refused"), str):
+        raise PayloadRefused(f"{venv} on {t.host}: refused: {out['refused']}")
+    if isinstance(out.get("error"), str):
+        raise RemoteCommandError(f"{venv} on {t.host}: payload {op} failed: {out['error']}")
+    return out
+
+
+class PayloadState(BaseModel):
+    """The venv's .ddtree-deploy/payload.json (package and digest: absent in states that an
+    earlier ddtree-deploy wrote)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    payload: str
+    version: str
+    sglang: str
+    package: str = "sglang"
+    package_dir: str
+    backup: str
+    deployed_at: float | int = 0
+    files: dict[str, str]
+    digest: str | None = None
+
+    _n = field_validator("payload", "version", "sglang")(check_name)
+
+    @field_validator("package")
+    @classmethod
+    def _package(cls, value: str) -> str:
+        if not PACKAGE.match(value):
+            raise ValueError(f"expected a package name, got {value!r}")
+        return value
+
+    @field_validator("package_dir", "backup")
+    @classmethod
+    def _abs(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value:
+            raise ValueError(f"expected an absolute path, got {value!r}")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        for rel, digest in value.items():
+            check_rel(rel)
+            check_sha(digest)
+        return value
+
+
+def parse_state(found: dict[str, Any], venv: str, host: str) -> PayloadState | None:
+    where = f"{state_path(venv)} on {host}"
+    if found.get("state_error"):
+        raise PayloadRefused(f"{where}: {found['state_error']}")
+    text = found.get("state")
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PayloadRefused(f"{where} is not JSON ({exc.msg} at line {exc.lineno})",
+                             hint="restore it, or remove it after putting the upstream "
+                                  "files back by hand") from None
+    if not isinstance(doc, dict):
+        raise PayloadRefused(f"{where}: expected a mapping, got a JSON {type(doc).__name__}")
+    try:
+        return PayloadState.model_validate(doc)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'state'}: "
+                        f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise PayloadRefused(f"{where} is not a payload state: {why}") from None
