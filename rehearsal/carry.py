@@ -140,6 +140,18 @@ def dropped_summary(dropped: tuple[str, ...], patterns: tuple[str, ...]) -> dict
     return counts
 
 
+def _where(dest: Path, repo: Path, out: Out) -> None:
+    """Say so when DEST will not travel as a carried path: outside the checkout it does not travel
+    at all; inside but not git-ignored it travels as untracked files (and shows in git status)."""
+    if repo != dest and repo not in dest.parents:
+        out(f"warning: {dest} is outside {repo}: a device call will not send it")
+        return
+    ignored = subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", str(dest)],
+                             capture_output=True).returncode == 0
+    if not ignored:
+        out(f"warning: {dest} is not git-ignored: add it to .gitignore and name it in `carry`")
+
+
 def _prepare_dest(dest: Path) -> None:
     if dest.exists() and not dest.is_dir():
         raise CarryError(f"{dest} exists and is not a folder")
@@ -171,6 +183,7 @@ def build(dest: Path, *, repo: Path = REPO, carry_set: Path = CARRY_SET,
             raise CarryError(f"{carry_set}, line {e.line}: unknown repack profile {e.repack!r} "
                              f"(known: {', '.join(PROFILES)})")
     dest = dest.resolve()
+    _where(dest, repo.resolve(), out)
     carried = [e for e in entries if e.carried_here]
     tree = tree_bytes(repo, exclude=dest)
     with tempfile.TemporaryDirectory(prefix="ddtree-carry-") as tmp:

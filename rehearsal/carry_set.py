@@ -24,7 +24,7 @@ COLUMNS = ("name", "version", "into", "repack", "size", "carried", "sha256", "fi
 INTO = ("venv", "tool", "skip")
 #: the tool's requirements the GPU host's venv already has (KINDS.md's package list, 2026-11-17):
 #: not carried; `carry install` checks their versions against the tool's own metadata
-HOST_HAS = ("typer", "rich", "pyyaml", "jinja2", "packaging")
+HOST_HAS = ("typer", "rich", "pyyaml", "jinja2", "packaging", "matplotlib")
 
 
 class CarryError(Exception):
