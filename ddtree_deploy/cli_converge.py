@@ -11,6 +11,8 @@ from pathlib import Path
 import typer
 
 from ddtree_deploy.cli_common import config_of, console, hosts_or_all, print_json
+from ddtree_deploy.cli_files import output_path, read_input, write_output
+from ddtree_deploy.cli_text import esc, plain
 from ddtree_deploy.errors import ExitCode, UsageError
 
 out = console(soft_wrap=True)
@@ -26,14 +28,15 @@ def _render(plan_: object) -> None:
     for s in plan_.steps:
         if (s.host, s.deployment) != current:
             current = (s.host, s.deployment)
-            out.print(f"\n[bold]{s.host} / {s.deployment}[/bold]")
+            out.print(f"\n[bold]{esc(s.host)} / {esc(s.deployment)}[/bold]")
         if s.kind == "service.probe":
-            out.print(f"  [cyan]?[/cyan] {s.kind:<16} {s.title}: {s.reason}", highlight=False)
+            out.print(f"  [cyan]?[/cyan] {esc(s.kind):<16} {esc(s.title)}: {esc(s.reason)}",
+                      highlight=False)
             continue
-        out.print(f"  {MARK[not s.pending]} {s.kind:<16} {s.title}: {s.reason}",
+        out.print(f"  {MARK[not s.pending]} {esc(s.kind):<16} {esc(s.title)}: {esc(s.reason)}",
                   highlight=False)
         for change in s.changes:
-            out.print(f"      -> {change}", highlight=False)
+            out.print(f"      -> {esc(change)}", highlight=False)
     n = len(plan_.changes)
     out.print(f"\nPlan: {n} to change, {len(plan_.steps) - n} satisfied or checks."
               if n else "\nNo changes: every deployment is as hosts.yaml says.")
@@ -43,18 +46,19 @@ def plan(
     ctx: typer.Context,
     hosts: list[str] = typer.Argument(None, help="hosts (default: every host with deployments)"),
     as_json: bool = typer.Option(False, "--json"),
-    out_file: Path = typer.Option(None, "--out", help="save the plan for `apply --plan FILE`"),
+    out_file: str = typer.Option(None, "--out", help="save the plan for `apply --plan FILE`"),
     refresh: bool = typer.Option(False, "--refresh", help="gather facts even if fresh ones exist"),
 ) -> None:
     """What apply would do to reach the deployments of hosts.yaml (exit 4: changes pending)."""
     from ddtree_deploy.converge.runner import make_plan
 
+    out_path = output_path(out_file, "--out") if out_file is not None else None
     config = config_of(ctx)
     names = hosts_or_all(config, hosts) if hosts else sorted(
         {d.host for d in config.deployments.values()})
     p = make_plan(config, names, refresh=refresh)
-    if out_file is not None:
-        out_file.write_text(json.dumps(p.as_json(), indent=1))
+    if out_path is not None:
+        write_output(out_path, json.dumps(p.as_json(), indent=1), "--out")
     if as_json:
         print_json(out, p.as_json())
     else:
@@ -80,10 +84,17 @@ def apply(
     config = config_of(ctx)
     saved: Plan | None = None
     if plan_file is not None:
+        text = read_input(plan_file, "--plan")
         try:
-            saved = Plan.from_json(json.loads(plan_file.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            saved = Plan.from_json(json.loads(text))
+        except RecursionError:
+            raise UsageError(f"{plan_file}: not a saved plan (nested too deeply)") from None
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise UsageError(f"{plan_file}: not a saved plan ({exc})") from None
+        if not all(isinstance(h, str) for h in saved.hosts) or not all(
+                isinstance(v, str) for v in saved.fingerprints.values()):
+            raise UsageError(f"{plan_file}: not a saved plan (hosts and fingerprints must be "
+                             "text)")
     names = hosts or (saved.hosts if saved else sorted({d.host for d in
                                                         config.deployments.values()}))
     if not yes and not sys.stdin.isatty():
@@ -108,7 +119,7 @@ def apply(
         if saved is not None and expected is None:
             raise UsageError(f"the saved plan has no steps for {host}")
         return apply_host(config, host, expected_fingerprint=expected,
-                          report=lambda m: err.print(m, highlight=False),
+                          report=lambda m: err.print(plain(m), markup=False, highlight=False),
                           probe_deadline=deadline,
                           on_plan=(lambda steps: show(host, steps)) if yes and saved is None
                           else None)
@@ -118,10 +129,10 @@ def apply(
         if o.ok:
             run = o.value
             done = len(getattr(run, "done", []))
-            out.print(f"[green]{o.host}: converged[/green] ({done} steps; "
-                      f"{getattr(run, 'verdict', '') or 'no service'})", highlight=False)
+            out.print(f"[green]{esc(o.host)}: converged[/green] ({done} steps; "
+                      f"{esc(getattr(run, 'verdict', '') or 'no service')})", highlight=False)
         else:
-            out.print(f"[red]{o.host}: failed[/red]: {o.error}", highlight=False)
+            out.print(f"[red]{esc(o.host)}: failed[/red]: {esc(o.error)}", highlight=False)
     code = exit_code(outcomes)
     if code:
         raise typer.Exit(int(code))
