@@ -15,7 +15,7 @@ from ddtree_deploy.config import Config, Deployment, HostSpec
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.steps import Step
 from ddtree_deploy.errors import ConfigError
-from ddtree_deploy.facts.model import Facts, Venv
+from ddtree_deploy.facts.model import Facts, SglangInfo, Venv
 from ddtree_deploy.installer import satisfied
 from ddtree_deploy.rules.lane import lane
 
@@ -88,16 +88,57 @@ def plan_deployment(config: Config, host: HostSpec, d: Deployment, facts: Facts,
         installing_sglang = installing_sglang or canonicalize_name(name) == "sglang"
     if d.payload and d.algorithm == "ddtree":
         sg = basis.sglang if basis is not None else None
-        ok = (not installing_sglang and sg is not None and bool(sg.knows_ddtree)
-              and bool(sg.ddtree_is_dflash))
-        steps.append(Step("payload.deploy", host.name, d.name, "DDTree payload",
-                          "DDTREE is known and counts as DFlash" if ok else
-                          "sglang's SpeculativeAlgorithm does not know DDTREE yet",
-                          [] if ok else [f"payload deploy onto {path}"], satisfied=ok,
-                          params={"venv": path}))
-        changed = changed or not ok
+        step = _payload_upgrade(host, d, path, sg) if not installing_sglang else None
+        if step is None:
+            ok = (not installing_sglang and sg is not None and bool(sg.knows_ddtree)
+                  and bool(sg.ddtree_is_dflash))
+            step = Step("payload.deploy", host.name, d.name, "DDTree payload",
+                        "DDTREE is known and counts as DFlash" if ok else
+                        "sglang's SpeculativeAlgorithm does not know DDTREE yet",
+                        [] if ok else [f"payload deploy onto {path}"], satisfied=ok,
+                        params={"venv": path})
+        steps.append(step)
+        changed = changed or not step.satisfied
     steps += _service_steps(config, host, d, facts, state, changed)
     return steps
+
+
+def _payload_upgrade(host: HostSpec, d: Deployment, path: str, sg: SglangInfo | None
+                     ) -> Step | None:
+    """The step for a venv that holds a payload other than the one this tool ships (another
+    version or content), whose payload files were changed since, or whose payload state
+    cannot be read; None when it holds none or the shipped one intact."""
+    from ddtree_deploy.payload.manifest import shipped_identity
+
+    have = sg.payload if sg is not None else None
+    if sg is None or have is None:
+        return None
+    if have.error:
+        return Step("payload.deploy", host.name, d.name, "DDTree payload",
+                    f"the venv's payload state cannot be read: {have.error}",
+                    [f"payload deploy onto {path} (refused until the state is fixed)"],
+                    params={"venv": path})
+    want = shipped_identity(sg.version)
+    if want is None:
+        return None
+    now = (str(have.payload), str(have.version), have.digest)
+    if now != want:
+        same = now[:2] == want[:2]
+        old, new = _label(*now, content=same), _label(*want, content=same)
+        return Step("payload.upgrade", host.name, d.name, "DDTree payload",
+                    f"payload {old} is installed; this tool ships {new}",
+                    [f"upgrade the payload in place: {old} -> {new}"],
+                    params={"venv": path, "from": old, "to": new})
+    if not have.intact:
+        return Step("payload.upgrade", host.name, d.name, "DDTree payload",
+                    f"the files of payload {_label(*want)} were changed since it was deployed",
+                    [f"reinstall payload {_label(*want)} from the upstream originals it backed "
+                     "up"], params={"venv": path})
+    return None
+
+
+def _label(payload: str, version: str, digest: str | None, content: bool = False) -> str:
+    return f"{payload} {version}" + (f" (content {digest or 'unrecorded'})" if content else "")
 
 
 def _service_steps(config: Config, host: HostSpec, d: Deployment, facts: Facts,
@@ -121,7 +162,8 @@ def _service_steps(config: Config, host: HostSpec, d: Deployment, facts: Facts,
         steps.append(Step("unit.install", host.name, d.name, unit,
                           "installed unit matches" if same else
                           ("no unit installed" if installed is None else "the unit differs"),
-                          [] if same else [f"install {spec.unit_path} (GPU {spec.gpus[0]}, "
+                          [] if same else [f"install {spec.unit_path} (GPU "
+                                           f"{','.join(map(str, spec.gpus))}, "
                                            f"port {spec.port})"], satisfied=same,
                           params={"unit": unit}))
         changed = not same

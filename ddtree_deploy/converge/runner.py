@@ -115,7 +115,8 @@ _NVIDIA_LIB = re.compile(r"nvidia/[^/]+/lib/")
 
 def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: Step) -> None:
     p = step.params
-    if step.kind in ("venv.create", "lane.overlay", "payload.deploy", "unit.install"):
+    if step.kind in ("venv.create", "lane.overlay", "payload.deploy", "payload.upgrade",
+                     "unit.install"):
         for d in config.deployments_on(host):
             if d.name == step.deployment:
                 hoststate.mark_pending(t, d.unit_name)
@@ -155,7 +156,7 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
         installer.install(t, p["venv"], pinned(wheels), wheels, sudo=host.use_sudo)
         if _adds_library_folders(wheels):
             facts.stale()  # new nvidia/*/lib folders: the unit's LD_LIBRARY_PATH must see them
-    elif step.kind == "payload.deploy":
+    elif step.kind in ("payload.deploy", "payload.upgrade"):  # deploy upgrades in place
         from ddtree_deploy.payload.deploy import deploy
         from ddtree_deploy.payload.manifest import load_manifest
         from ddtree_deploy.resources import data_path
@@ -183,7 +184,7 @@ def _act(config: Config, host: HostSpec, t: ExecTransport, facts: _Facts, step: 
     # What later steps read from the facts: the venv's python and distributions (package
     # installs) and its library folders, GPUs and ports (the unit). The payload changes none
     # of those; a package install only the library folders, handled above.
-    if step.kind not in ("package.install", "payload.deploy"):
+    if step.kind not in ("package.install", "payload.deploy", "payload.upgrade"):
         facts.stale()
     FactsCache().drop(host)
 

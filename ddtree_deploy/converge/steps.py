@@ -10,8 +10,8 @@ from typing import Any
 
 from ddtree_deploy.facts.model import Facts
 
-KINDS = ("venv.create", "lane.overlay", "package.install", "payload.deploy", "unit.install",
-         "service.start", "service.probe", "unit.remove")
+KINDS = ("venv.create", "lane.overlay", "package.install", "payload.deploy", "payload.upgrade",
+         "unit.install", "service.start", "service.probe", "unit.remove")
 
 
 @dataclass
@@ -68,5 +68,6 @@ def fingerprint(facts: Facts, venvs: list[str], units: dict[str, str | None]) ->
             "dists": v.distributions,
             "torch": v.torch.model_dump() if v.torch else None,
             "ddtree": [v.sglang.knows_ddtree, v.sglang.ddtree_is_dflash] if v.sglang else None,
+            "payload": v.sglang.payload.model_dump() if v.sglang and v.sglang.payload else None,
         }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

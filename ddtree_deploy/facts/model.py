@@ -98,6 +98,17 @@ class NvidiaLayout(BaseModel):
     lib_dirs: list[str] = Field(default_factory=list)  # every nvidia/*/lib folder, absolute
 
 
+class PayloadInfo(BaseModel):
+    """The payload a venv holds (ddtree-deploy payload), read from its state file."""
+
+    model_config = ConfigDict(extra="ignore")
+    payload: str | None = None
+    version: str | None = None
+    digest: str | None = None  # what it installed, as one hash (None: an earlier tool's state)
+    intact: bool | None = None  # its files are still the bytes it installed
+    error: str | None = None  # the state could not be read
+
+
 class SglangInfo(BaseModel):
     model_config = ConfigDict(extra="ignore")
     version: str | None = None
@@ -110,6 +121,7 @@ class SglangInfo(BaseModel):
     spec_error: str | None = None  # why spec_info could not be read
     spec_source: str | None = None  # "runtime" (loaded by path in the venv's python) | "static"
     spec_runtime_error: str | None = None  # why loading failed when spec_source is "static"
+    payload: PayloadInfo | None = None  # None: no payload state in the venv
 
 
 class Venv(Part):

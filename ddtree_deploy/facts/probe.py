@@ -17,7 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ddtree_deploy.facts.probe_memo import MEMO_PATH, Memo
-from ddtree_deploy.facts.probe_sglang import WANTED_NAMES, exported_names, sglang_info
+from ddtree_deploy.facts.probe_sglang import (
+    WANTED_NAMES,
+    exported_names,
+    payload_state,
+    sglang_info,
+)
 from ddtree_deploy.facts.probe_sys import (
     elapsed,
     host_info,
@@ -125,7 +130,10 @@ def _extensions(out: dict[str, Any], sp: str, owners: dict[str, str], errors: li
 
 def _sglang(venv: str, sp: str, dists: dict[str, str], memo: Memo) -> dict[str, Any] | None:
     python = os.path.join(venv, "bin", "python")
-    return sglang_info(python, find_package_dir(sp, "sglang"), dists.get("sglang"), memo=memo)
+    info = sglang_info(python, find_package_dir(sp, "sglang"), dists.get("sglang"), memo=memo)
+    if info is not None:
+        info["payload"] = payload_state(venv)
+    return info
 
 
 def _names(sp: str, memo: Memo) -> dict[str, list[str]]:

@@ -172,6 +172,58 @@ def sglang_info(
     return info
 
 
+PAYLOAD_STATE = (".ddtree-deploy", "payload.json")  # written by payload/remote.py
+PAYLOAD_STATE_MAX = 1 << 20
+
+
+def payload_state(venv: str) -> dict[str, Any] | None:
+    """The payload a venv holds (its .ddtree-deploy/payload.json): name, version, content
+    digest, and whether its files are still the bytes it installed. The state's paths are
+    followed only inside the venv, to regular files; None when the venv has no payload."""
+    import stat
+
+    path = os.path.join(venv, *PAYLOAD_STATE)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    out: dict[str, Any] = {"payload": None, "version": None, "digest": None, "intact": None,
+                           "error": None}
+    if not stat.S_ISREG(st.st_mode) or st.st_size > PAYLOAD_STATE_MAX:
+        out["error"] = f"{path} is not a regular file of at most 1 MiB"
+        return out
+    try:
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(PAYLOAD_STATE_MAX).decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        out["error"] = f"{path}: {exc}"
+        return out
+    files = doc.get("files") if isinstance(doc, dict) else None
+    pkg = doc.get("package_dir") if isinstance(doc, dict) else None
+    if not isinstance(files, dict) or not isinstance(pkg, str):
+        out["error"] = f"{path} is not a payload state"
+        return out
+    for key in ("payload", "version", "digest"):
+        out[key] = doc.get(key) if isinstance(doc.get(key), str) else None
+    root, pkg_real = os.path.realpath(venv), os.path.realpath(pkg)
+    if not pkg_real.startswith(root + os.sep):
+        out["error"] = f"{path} names a package folder outside the venv"
+        return out
+    import hashlib
+
+    intact = True
+    for rel, want in files.items():
+        file = os.path.realpath(os.path.join(pkg_real, str(rel)))
+        if not file.startswith(pkg_real + os.sep) or not os.path.isfile(file) \
+                or os.path.getsize(file) > 64 << 20:
+            intact = False
+            continue
+        with open(file, "rb") as fh:
+            intact = intact and hashlib.sha256(fh.read()).hexdigest() == want
+    out["intact"] = intact
+    return out
+
+
 # ---- exported names ----------------------------------------------------------------------------
 
 

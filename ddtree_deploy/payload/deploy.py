@@ -53,7 +53,7 @@ class StepResult:
 @dataclass
 class Outcome:
     venv: str
-    action: str  # deployed | upgraded | unchanged | rolled back | nothing to roll back
+    action: str  # deployed | upgraded | repaired | unchanged | rolled back | nothing to ...
     sglang: str | None = None
     payload: str | None = None
     checks: list[StepResult] = field(default_factory=list)
@@ -224,6 +224,9 @@ def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Out
             f"{c.name}: {c.detail}" for c in failed) + " (rolled back to the upstream files)")
     if old is None:
         return Outcome(venv, "deployed", version, manifest.version, checks)
+    if (old.state.payload, old.state.version, old.state.digest) == (manifest.payload,
+                                                                     manifest.version, digest):
+        return Outcome(venv, "repaired", version, manifest.version, checks)
     return Outcome(venv, "upgraded", version, manifest.version, checks,
                    previous=_label(old.state.payload, old.state.version, old.state.digest))
 
