@@ -44,13 +44,15 @@ def inventory(
         ]
         print_json(out, payload)
     else:
-        from ddtree_deploy.render_inventory import gpu_table, venv_table
+        from ddtree_deploy.render_inventory import failures, gpu_table, venv_table
 
         out.print(gpu_table(outcomes))
-        out.print(venv_table(outcomes))
-    code = exit_code(outcomes)
+        out.print(venv_table(outcomes, width=out.width))
+        for note in failures(outcomes):
+            out.print(note)
+    code = exit_code(outcomes)  # 3 only when some hosts answered and others did not
     if code:
-        raise typer.Exit(int(ExitCode.PARTIAL if len(outcomes) > 1 else code))
+        raise typer.Exit(int(code))
 
 
 def doctor(
@@ -74,7 +76,7 @@ def doctor(
         # One deployment on this host: check the venv against what it needs.
         dep = config.deployments_on(spec)[0]
         err.print(f"checking against deployment '{dep.name}' (the only one on {spec.name}); "
-                  "--deployment picks another")
+                  "--deployment picks another", markup=False, highlight=False)
     if dep is not None and dep.host != spec.name:
         raise UsageError(f"deployment '{deployment}' runs on {dep.host}, not on {spec.name}")
     if dep is not None and venv is None:
