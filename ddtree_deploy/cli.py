@@ -38,6 +38,10 @@ def build_app() -> "typer.Typer":
         cli_venv,
     )
 
+    if os.environ.get("NO_COLOR"):  # help and usage errors too: no colour, bold or italic
+        from typer import rich_utils
+
+        rich_utils.COLOR_SYSTEM = None  # typer's documented switch
     app = typer.Typer(
         name="ddtree-deploy",
         help="Get a DDTree speculative-decoding build of SGLang running on GPU hosts over SSH.",

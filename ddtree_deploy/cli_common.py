@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -28,7 +29,10 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self._options)
+            options = dict(self._options)
+            if os.environ.get("NO_COLOR"):  # no-color.org: no colour, and no bold or italic
+                options.update(color_system=None, no_color=True)
+            self._console = Console(**options)
         return cast("Console", self._console)
 
     def __getattr__(self, name: str) -> Any:
