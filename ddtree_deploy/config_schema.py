@@ -35,6 +35,8 @@ from pydantic import (
     model_validator,
 )
 
+from ddtree_deploy.service.spec import TOOL_ENVIRONMENT
+
 HOST_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ITEM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 UNIT_STEM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.\\-]*$")
@@ -51,6 +53,9 @@ AttentionBackend = Literal[
     "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
 ]  # fmt: skip
 GrammarBackend = Literal["xgrammar", "outlines", "llguidance", "none"]
+# sglang 0.5.11 SAMPLING_BACKEND_CHOICES (sglang/srt/server_args.py); unset: flashinfer when
+# it imports, else pytorch.
+SamplingBackend = Literal["flashinfer", "pytorch", "ascend"]
 SudoMode = Literal["auto"] | bool
 
 
@@ -173,6 +178,32 @@ def _unit_stem(value: str) -> str:
     return value
 
 
+ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# Names that say "this is a secret": units are world-readable (render.py refuses them too).
+_SECRET_ENV_RE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE")
+
+
+def _env_name(value: str) -> str:
+    if not ENV_NAME_RE.match(value):
+        raise ValueError("expected a variable name of capitals, digits and '_' (not starting "
+                         "with a digit), such as NCCL_P2P_DISABLE")
+    if value in TOOL_ENVIRONMENT:
+        raise ValueError(f"{value} is set by ddtree-deploy itself from "
+                         f"{TOOL_ENVIRONMENT[value]}; it cannot be overridden here")
+    if _SECRET_ENV_RE.search(value):
+        raise ValueError(f"{value} looks like a secret, and a unit file is world-readable: "
+                         "use an EnvironmentFile= with mode 0600 instead")
+    return value
+
+
+def _env_value(value: str) -> str:
+    bad = re.search(r"[\x00-\x1f\x7f]", value)
+    if bad:
+        raise ValueError(f"expected a value without control characters (got {bad.group(0)!r}): "
+                         "a systemd Environment= line cannot carry NUL, newlines or tabs")
+    return value
+
+
 def _python(value: str) -> str:
     if not re.match(r"^3\.\d{1,2}$", value):
         raise ValueError('expected a Python version such as "3.11"')
@@ -230,6 +261,12 @@ PythonVersion = Annotated[
     str, BeforeValidator(quoted_text('a Python version such as "3.11"')), AfterValidator(_python)
 ]
 Sudo = Annotated[SudoMode, PlainValidator(_sudo)]
+EnvName = Annotated[
+    str, BeforeValidator(quoted_text("a variable name")), AfterValidator(_env_name)
+]
+EnvValue = Annotated[
+    str, BeforeValidator(quoted_text("a value")), AfterValidator(_env_value)
+]
 
 
 class _Model(BaseModel):
@@ -365,11 +402,14 @@ class Deployment(_Model):
     ddtree: DdtreeSpec | None = None
     attention_backend: AttentionBackend | None = None
     grammar_backend: GrammarBackend | None = None
+    sampling_backend: SamplingBackend | None = None
     mem_fraction_static: Fraction | None = None
     context_length: PosInt | None = None
     tp_size: PosInt = 1
     cuda_graph: bool = True
     extra_args: list[str] = Field(default_factory=list)
+    # Environment= lines of the unit (NCCL, CUDA variables a site's hardware needs)
+    environment: dict[EnvName, EnvValue] = Field(default_factory=dict)
 
     @property
     def service_name(self) -> str:

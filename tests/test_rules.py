@@ -528,9 +528,25 @@ def test_ddtree_attention_backend(dep: Deployment) -> None:
     fa3 = dep.model_copy(update={"attention_backend": "fa3"})
     f = only(diagnose(ct200(), venv=None, deployment=fa3, model_facts=None),
              "deploy.ddtree-attention")  # fmt: skip
-    assert f.severity == "warning" and "--attention-backend triton" in f.remedy
+    assert f.severity == "error" and "--attention-backend triton" in f.remedy
+    assert f.evidence["backends"] == {"--attention-backend": "fa3"}
     assert "deploy.ddtree-attention" not in ids(diagnose(ct200(), venv=None, deployment=dep,
                                                          model_facts=None))  # fmt: skip
+    # none named: the payload picks triton itself
+    unnamed = dep.model_copy(update={"attention_backend": None})
+    assert "deploy.ddtree-attention" not in ids(diagnose(ct200(), venv=None, deployment=unnamed,
+                                                         model_facts=None))  # fmt: skip
+    # named in extra_args counts as named
+    extra = unnamed.model_copy(update={"extra_args": ["--decode-attention-backend=flashinfer"]})
+    f = only(diagnose(ct200(), venv=None, deployment=extra, model_facts=None),
+             "deploy.ddtree-attention")  # fmt: skip
+    assert f.severity == "error" and "--decode-attention-backend flashinfer" in f.message
+    assert dep.ddtree is not None
+    shadow = fa3.model_copy(update={"ddtree": dep.ddtree.model_copy(
+        update={"shadow_linear": True})})
+    f = only(diagnose(ct200(), venv=None, deployment=shadow, model_facts=None),
+             "deploy.ddtree-attention")  # fmt: skip
+    assert f.severity == "info" and "linear chain" in f.message
 
 
 # ---- model fit

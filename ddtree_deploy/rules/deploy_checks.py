@@ -14,7 +14,13 @@ from ddtree_deploy.rules import findings as fx
 from ddtree_deploy.rules.context import Ctx, Rule
 from ddtree_deploy.rules.findings import Finding
 from ddtree_deploy.rules.floors import base_version, parse_version, sglang_wheel
-from ddtree_deploy.rules.model_fit import DRAFTED, expected_width
+from ddtree_deploy.rules.model_fit import (
+    DRAFTED,
+    draft_block_size,
+    expected_width,
+    verify_width_problem,
+    verify_width_remedy,
+)
 
 
 def _own_pids(ctx: Ctx, dep: Deployment) -> set[int]:
@@ -209,20 +215,108 @@ def ddtree_payload(ctx: Ctx) -> Iterable[Finding]:
         )  # fmt: skip
 
 
+_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend",
+                  "--decode-attention-backend")
+
+
+def _named_backends(dep: Deployment) -> dict[str, str]:
+    """The attention backends a deployment names: its field and any in extra_args."""
+    named: dict[str, str] = {}
+    if dep.attention_backend:
+        named["--attention-backend"] = dep.attention_backend
+    args = list(dep.extra_args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _BACKEND_FLAGS:
+            if not eq and i + 1 < len(args):
+                value = args[i + 1]
+            if value:
+                named[flag] = value
+    return named
+
+
 def ddtree_attention(ctx: Ctx) -> Iterable[Finding]:
+    """Full-tree DDTREE verifies with the triton backend only (the payload picks triton when
+    none is named); shadow-linear verifies the chain, which every DFlash backend serves."""
     dep = ctx.deployment
-    if dep is None or dep.algorithm != "ddtree" or dep.attention_backend == "triton":
+    if dep is None or dep.algorithm != "ddtree":
         return
+    named = _named_backends(dep)
+    others = {flag: value for flag, value in named.items() if value != "triton"}
+    shadow = bool(dep.ddtree and dep.ddtree.shadow_linear)
+    evidence = {"algorithm": dep.algorithm, "shadow_linear": shadow, "backends": named}
+    if shadow:
+        yield Finding(
+            id="deploy.ddtree-attention", severity="info",
+            message="shadow-linear DDTREE builds and scores the tree but verifies the linear "
+            "chain, which runs with any attention backend ("
+            + (", ".join(f"{k} {v}" for k, v in named.items()) or "none named") + ")",
+            evidence=evidence,
+            remedy="for full-tree verification set ddtree.shadow_linear: false with "
+            "attention_backend: triton (or none) in hosts.yaml",
+        )  # fmt: skip
+    elif others:
+        listed = ", ".join(f"{k} {v}" for k, v in others.items())
+        yield Finding(
+            id="deploy.ddtree-attention", severity="error",
+            message="full-tree DDTREE verification runs only with the triton attention "
+            f"backend; the deployment names {listed}, which the payload refuses at start",
+            evidence=evidence,
+            remedy=f"set attention_backend: triton (or leave it out) for deployment {dep.name} "
+            f"in hosts.yaml and run {fx.apply(ctx.host, dep.name)}, or "
+            + fx.service_up(ctx.host, dep.name, "--attention-backend triton")
+            + "; or set ddtree.shadow_linear: true to verify the chain only",
+        )  # fmt: skip
+
+
+def _flag_int(args: list[str], flag: str) -> int | None:
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(text) if text.isdigit() else None
+    return None
+
+
+def ddtree_verify_width(ctx: Ctx) -> Iterable[Finding]:
+    """budget + 1 < the drafter's block size: the verify width is too narrow for the draft."""
+    dep, mf = ctx.deployment, ctx.model_facts
+    if dep is None or dep.algorithm != "ddtree" or dep.ddtree is None or dep.ddtree.shadow_linear:
+        return
+    if mf is None or mf.draft_config is None:
+        return
+    found = draft_block_size(mf.draft_config)
+    block_flag = _flag_int(dep.extra_args, "--speculative-num-draft-tokens")
+    block, source = (block_flag, "--speculative-num-draft-tokens") if block_flag else \
+        found if found else (None, None)
+    if block is None:
+        return
+    budget = dep.ddtree.budget
+    problem = verify_width_problem(budget, block)
+    if problem is None:
+        return
+    width = budget + 1
+    evidence: dict[str, object] = {
+        "budget": budget, "verify_width": width, "block_size": block,
+        "block_size_from": f"{mf.draft_path}/config.json {source}"
+        if source != "--speculative-num-draft-tokens" else source,
+        "kv_slots_per_request_per_round": width,
+    }  # fmt: skip
+    running = _flag_int(dep.extra_args, "--max-running-requests")
+    graph_bs = _flag_int(dep.extra_args, "--cuda-graph-max-bs")
+    if running:
+        evidence["kv_slots_per_round"] = width * running
+        evidence["draft_writes_per_round"] = block * running
+    if graph_bs:
+        evidence["cuda_graph_tokens_at_max_bs"] = width * graph_bs
     yield Finding(
-        id="deploy.ddtree-attention", severity="warning",
-        message="DDTree's full-tree verify runs only with the triton attention backend; "
-        f"the deployment sets {dep.attention_backend or 'none (sglang chooses)'}",
-        evidence={"algorithm": dep.algorithm, "attention_backend": dep.attention_backend},
-        remedy=fx.service_up(ctx.host, dep.name, "--attention-backend triton"),
+        id="deploy.ddtree-verify-width", severity="error", message=problem,
+        evidence=evidence, remedy=verify_width_remedy(dep.name, block),
     )  # fmt: skip
 
 
 # Rules about the host's resources (run once) and about the deployment's venv (per venv).
 # python_glibc runs with the deployment's venv when it exists, else with the host's Python.
-DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, port_taken, ddtree_attention, python_glibc)
+DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, port_taken, ddtree_attention,
+                                       ddtree_verify_width, python_glibc)
 DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, ddtree_payload)

@@ -137,3 +137,39 @@ def model_facts_from(facts: Facts, target: str | None, draft: str | None) -> Mod
         else:
             mf.draft_config = entry.config
     return mf
+
+
+def draft_block_size(draft: dict[str, Any]) -> tuple[int, str] | None:
+    """The DFlash drafter's block size and where it came from, read as SGLang 0.5.11's
+    parse_dflash_draft_config does: ``dflash_config.block_size``, else top-level ``block_size``."""
+    block = draft.get("dflash_config")
+    if isinstance(block, dict) and _int(block.get("block_size")) is not None:
+        return int(block["block_size"]), "dflash_config.block_size"
+    if _int(draft.get("block_size")) is not None:
+        return int(draft["block_size"]), "block_size"
+    return None
+
+
+def verify_width_problem(budget: int, block: int) -> str | None:
+    """Why a full-tree DDTREE budget cannot serve a drafter of ``block`` tokens, or None.
+
+    The verify width is budget + 1 tokens per request per round (root + budget nodes); SGLang
+    sizes the round's KV slots, the req-to-token rows and the CUDA graphs from it."""
+    width = budget + 1
+    if width >= block:
+        return None
+    return (f"DDTREE budget {budget} gives a verify width of {width} tokens per request per "
+            f"round (root + budget nodes), below the drafter's block size {block}: SGLang "
+            f"reserves {width} KV slots per running request per round and sizes the "
+            f"req-to-token rows and the CUDA graphs ({width} x batch size tokens) for them, "
+            f"while the drafter writes {block} per request unchecked; under memory pressure "
+            "\"DFLASH draft OOM\" kills the scheduler, and near the context limit a request's "
+            "row can be overwritten")
+
+
+def verify_width_remedy(deployment: str, block: int) -> str:
+    return (f"set deployments.{deployment}.ddtree.budget in hosts.yaml to at least {block - 1} "
+            "(--speculative-ddtree-budget), then run `ddtree-deploy apply`: each node of budget "
+            "costs one more KV slot per running request per round and widens every captured "
+            "CUDA graph by the batch size in tokens; or set ddtree.shadow_linear: true "
+            f"(verify width = the block size {block})")

@@ -27,7 +27,13 @@ import jinja2
 from ddtree_deploy.errors import ExitCode, UsageError
 from ddtree_deploy.resources import data_path
 from ddtree_deploy.service.libpath import ld_library_path
-from ddtree_deploy.service.spec import DEPLOYMENT_KEY, MANAGED_KEY, PORT_KEY, ServiceSpec
+from ddtree_deploy.service.spec import (
+    DEPLOYMENT_KEY,
+    MANAGED_KEY,
+    PORT_KEY,
+    TOOL_ENVIRONMENT,
+    ServiceSpec,
+)
 
 __all__ = ["DEPLOYMENT_KEY", "PORT_KEY", "ld_library_path", "render_unit"]
 
@@ -186,8 +192,10 @@ def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str]) ->
         env["LD_LIBRARY_PATH"] = ld
     env["PYTHONUNBUFFERED"] = "1"
     for name in sorted(extra):
-        if name in env:
-            raise UnitRenderError(f"environment variable {name} is set by the tool itself")
+        if name in env or name in TOOL_ENVIRONMENT:
+            raise UnitRenderError(
+                f"environment variable {name} is set by the tool itself"
+                + (f" (from {TOOL_ENVIRONMENT[name]})" if name in TOOL_ENVIRONMENT else ""))
         env[name] = extra[name]
     return [systemd_env(k, v) for k, v in env.items()]
 
@@ -251,7 +259,7 @@ def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
         port_key=PORT_KEY,
         port=_port(spec.port, what),
         workdir=_plain(_absolute(spec.venv, "venv"), "venv"),
-        environment=_environment(gpus, spec.ld_library_path, {}),
+        environment=_environment(gpus, spec.ld_library_path, dict(spec.environment)),
         exec_lines=_exec_lines(spec.python, ["-m", "sglang.launch_server", *args]),
         syslog_identifier=name,
     )

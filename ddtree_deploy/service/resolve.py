@@ -14,11 +14,16 @@ from dataclasses import dataclass, field
 from ddtree_deploy.config import Deployment, HostSpec
 from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts, Gpu, GpuProcess, Listener
+from ddtree_deploy.rules.model_fit import (
+    draft_block_size,
+    verify_width_problem,
+    verify_width_remedy,
+)
 from ddtree_deploy.service.libpath import ld_library_path as from_venv
 from ddtree_deploy.service.spec import Algorithm, ServiceSpec
 
 FIRST_PORT = 30000
-DFLASH_BLOCK = 16  # the z-lab *-DFlash-b16 drafters: block size 16
+DFLASH_BLOCK = 16  # without the drafter's config.json: the z-lab *-DFlash-b16 drafters' block
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Overrides:
     ddtree_topk: int | None = None
     attention_backend: str | None = None
     grammar_backend: str | None = None
+    sampling_backend: str | None = None
     mem_fraction_static: float | None = None
     name: str | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
@@ -78,6 +84,80 @@ def choose_gpu(facts: Facts, wanted: int | None, *, own_unit: str, force: bool =
     raise RefusedError(f"{facts.host} has no free GPU (all dead or held by other processes)")
 
 
+def _why_not(facts: Facts, index: int, own_unit: str) -> str | None:
+    """Why GPU ``index`` cannot serve (missing, dead, held by another process), or None."""
+    gpu = {g.index: g for g in facts.nvidia.gpus}.get(index)
+    if gpu is None:
+        return f"GPU {index} does not exist"
+    if gpu.dead:
+        return f"GPU {index} is dead ({gpu.error or 'unusable'})"
+    busy = _foreign(gpu.processes, own_unit)
+    if busy:
+        return f"GPU {index} is busy (held by " + "; ".join(_who(p) for p in busy) + ")"
+    return None
+
+
+def _runs(free: list[int]) -> list[list[int]]:
+    """Contiguous runs of indices: [1, 2, 3, 5, 6] -> [[1, 2, 3], [5, 6]]."""
+    runs: list[list[int]] = []
+    for index in free:
+        if runs and runs[-1][-1] == index - 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
+def _span(gpus: list[int]) -> str:
+    return f"{gpus[0]}-{gpus[-1]}" if len(gpus) > 1 else str(gpus[0])
+
+
+def choose_gpus(facts: Facts, first: int | None, tp_size: int, *, own_unit: str,
+                force: bool = False) -> tuple[int, ...]:
+    """The GPUs of a service with tensor parallelism ``tp_size``: contiguous indices (the
+    PCI-bus order the unit's CUDA_DEVICE_ORDER uses). A given first GPU fixes them
+    (first .. first+tp-1, each free unless forced); otherwise the lowest run of free GPUs
+    that starts at a multiple of tp_size (GPUs 4-7 for tp 4: the half of an 8-GPU host that
+    shares a PCIe switch or socket on common boards), else the lowest run anywhere."""
+    if tp_size == 1:
+        return (choose_gpu(facts, first, own_unit=own_unit, force=force),)
+    indices = sorted(g.index for g in facts.nvidia.gpus)
+    if first is not None:
+        wanted = list(range(first, first + tp_size))
+        missing = [i for i in wanted if i not in indices]
+        if missing:
+            raise RefusedError(
+                f"tp {tp_size} from GPU {first} needs GPUs {_span(wanted)}; {facts.host} has "
+                f"no GPU {', '.join(map(str, missing))} "
+                f"(GPUs: {', '.join(map(str, indices)) or 'none'})",
+                hint="choose another first GPU (hosts.yaml gpu) or a smaller tp_size")
+        problems = [why for i in wanted if (why := _why_not(facts, i, own_unit))]
+        if problems and not force:
+            raise RefusedError(
+                f"tp {tp_size} from GPU {first} needs GPUs {_span(wanted)} on {facts.host}: "
+                + "; ".join(problems),
+                hint="choose another first GPU (hosts.yaml gpu, --gpu) or --force to share them")
+        return tuple(wanted)
+    unusable = {i: why for i in indices if (why := _why_not(facts, i, own_unit))}
+    runs = _runs([i for i in indices if i not in unusable])
+    fits = [run[k:k + tp_size] for run in runs for k in range(len(run) - tp_size + 1)]
+    aligned = [gpus for gpus in fits if gpus[0] % tp_size == 0]
+    if aligned or fits:
+        return tuple((aligned or fits)[0])
+    longest = max(runs, key=len, default=[])
+    where = (f"{facts.host} has only {len(indices)} GPU(s)" if len(indices) < tp_size
+             else f"on {facts.host}")
+    why = "; ".join(unusable.values())
+    best = (f"the longest run of free contiguous GPUs is {_span(longest)}" if longest
+            else "no GPU is free")
+    raise RefusedError(
+        f"tp {tp_size} needs {tp_size} free contiguous GPUs; {where}"
+        + (f": {why}" if why else "") + f"; {best}",
+        hint=(f"a tp_size of at most {len(longest)} fits (GPUs {_span(longest)}); or free "
+              "the GPUs above" if longest and len(indices) >= tp_size
+              else "deploy to a host with more GPUs, or lower tp_size"))
+
+
 def choose_port(facts: Facts, wanted: int | None, *, own_unit: str, force: bool = False) -> int:
     taken = {ln.port: ln for ln in facts.services.listeners if ln.unit != own_unit}
     if wanted is not None:
@@ -98,6 +178,21 @@ def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
         raise RefusedError(f"venv {venv} does not exist on {facts.host}",
                            hint="create it first (ddtree-deploy venv clone / apply)")
     return from_venv(found)
+
+
+def draft_block(facts: Facts, draft: str | None) -> int:
+    """The drafter's block size from its config.json in the facts, else the b16 default."""
+    entry = facts.model(draft) if draft else None
+    found = draft_block_size(entry.config) if entry is not None and entry.config else None
+    return found[0] if found else DFLASH_BLOCK
+
+
+def check_verify_width(deployment: str | None, budget: int | None, block: int,
+                       shadow_linear: bool) -> None:
+    """Refuse a full-tree DDTREE budget whose verify width (budget + 1) is below the block."""
+    problem = None if shadow_linear or budget is None else verify_width_problem(budget, block)
+    if problem is not None:
+        raise RefusedError(problem, hint=verify_width_remedy(deployment or "NAME", block))
 
 
 def _exists(facts: Facts, venv: str) -> bool:
@@ -133,30 +228,36 @@ def build_spec(
     if algorithm != "none" and draft is None:
         raise UsageError(f"--speculative {algorithm} needs --draft-model-path")
     tree = d.ddtree if d and d.ddtree else None
+    block = draft_block(facts, draft) if algorithm != "none" else None
+    budget = flags.ddtree_budget or (tree.budget if tree else None)
+    if algorithm == "ddtree" and block is not None:
+        check_verify_width(d.name if d else None, budget, block, bool(tree and tree.shadow_linear))
     return ServiceSpec(
         name=name,
         host=host.name,
         deployment=d.name if d else None,
         venv=venv,
-        gpus=(choose_gpu(facts, flags.gpu if flags.gpu is not None else (d.gpu if d else None),
-                         own_unit=own_unit, force=force),),
+        gpus=choose_gpus(facts, flags.gpu if flags.gpu is not None else (d.gpu if d else None),
+                         d.tp_size if d else 1, own_unit=own_unit, force=force),
         port=choose_port(facts, flags.port if flags.port is not None else (d.port if d else None),
                          own_unit=own_unit, force=force),
         model_path=model,
         draft_model_path=draft if algorithm != "none" else None,
         algorithm=algorithm,
-        ddtree_budget=flags.ddtree_budget or (tree.budget if tree else None),
+        ddtree_budget=budget,
         ddtree_topk=flags.ddtree_topk or (tree.topk if tree else None),
         ddtree_shadow_linear=bool(tree and tree.shadow_linear),
-        num_draft_tokens=DFLASH_BLOCK if algorithm != "none" else None,
+        num_draft_tokens=block,
         attention_backend=flags.attention_backend or (d.attention_backend if d else None),
         grammar_backend=flags.grammar_backend or (d.grammar_backend if d else None),
+        sampling_backend=flags.sampling_backend or (d.sampling_backend if d else None),
         mem_fraction_static=flags.mem_fraction_static
         or (d.mem_fraction_static if d else None),
         context_length=d.context_length if d else None,
         tp_size=d.tp_size if d else 1,
         cuda_graph=d.cuda_graph if d else True,
         extra_args=tuple(d.extra_args if d else ()) + flags.extra_args,
+        environment=tuple(sorted(d.environment.items())) if d else (),
         ld_library_path=ld_library_path(facts, venv) if require_venv or _exists(facts, venv)
         else (),
     )

@@ -15,6 +15,14 @@ MANAGED_KEY = "X-DDTreeDeploy-Managed"  # in [Unit]: marks units this tool creat
 UNIT_DIR = "/etc/systemd/system"
 DEPLOYMENT_KEY = "X-DDTreeDeploy-Deployment"  # in [Unit]: the deployment a unit serves
 PORT_KEY = "X-DDTreeDeploy-Port"  # in [Unit]: the port its /health answers on
+# Environment= variables the unit sets itself, and what in hosts.yaml decides each: a
+# deployment's `environment:` may not set them (the unit would carry two values).
+TOOL_ENVIRONMENT: dict[str, str] = {
+    "CUDA_DEVICE_ORDER": "always PCI_BUS_ID, the numbering nvidia-smi and the facts use",
+    "CUDA_VISIBLE_DEVICES": "the deployment's gpu and tp_size",
+    "LD_LIBRARY_PATH": "the venv's own nvidia library folders",
+    "PYTHONUNBUFFERED": "always 1, so the journal gets each log line when it is written",
+}
 
 
 @dataclass(frozen=True)
@@ -35,11 +43,13 @@ class ServiceSpec:
     num_draft_tokens: int | None = None  # DFlash block size (16 for the -b16 drafters)
     attention_backend: str | None = None
     grammar_backend: str | None = None
+    sampling_backend: str | None = None
     mem_fraction_static: float | None = None
     context_length: int | None = None
     tp_size: int = 1
     cuda_graph: bool = True
     extra_args: tuple[str, ...] = ()
+    environment: tuple[tuple[str, str], ...] = ()  # hosts.yaml `environment:`, sorted by name
     ld_library_path: tuple[str, ...] = field(default_factory=tuple)  # venv's nvidia lib dirs
 
     @property
@@ -77,6 +87,8 @@ class ServiceSpec:
             args += ["--attention-backend", self.attention_backend]
         if self.grammar_backend:
             args += ["--grammar-backend", self.grammar_backend]
+        if self.sampling_backend:
+            args += ["--sampling-backend", self.sampling_backend]
         if self.mem_fraction_static is not None:
             args += ["--mem-fraction-static", f"{self.mem_fraction_static:g}"]
         if self.context_length is not None:
