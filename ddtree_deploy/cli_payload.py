@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ddtree_deploy.cli_common import config_of, console, print_json
+from ddtree_deploy.cli_text import esc, plain
 
 app = typer.Typer(help="The DDTree runtime as a payload on a venv's SGLang.", no_args_is_help=True)
 out = console(soft_wrap=True)
@@ -30,12 +31,12 @@ def _render(outcome, as_json: bool) -> None:
         print_json(out, asdict(outcome))
         return
     was = f", was {outcome.previous}" if outcome.previous else ""
-    out.print(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, payload "
-              f"{outcome.payload or '-'}{was})", highlight=False)
+    out.print(plain(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, "
+                    f"payload {outcome.payload or '-'}{was})"), markup=False, highlight=False)
     for c in outcome.checks:
         style = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
-        out.print(f"  [{style}]{c.status}[/{style}] {c.name} ({c.mode}): {c.detail}",
-                  highlight=False)
+        out.print(f"  [{style}]{c.status}[/{style}] {esc(c.name)} ({esc(c.mode)}): "
+                  f"{esc(c.detail)}", highlight=False)
 
 
 def _fail_on_checks(outcome) -> None:
@@ -104,12 +105,12 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
 def status(ctx: typer.Context, host: str = typer.Argument(...),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Which payload version is on each venv of the host (declared and discovered)."""
-    from rich.table import Table
-
+    from ddtree_deploy.cli_text import cell
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.facts.gather import collect
     from ddtree_deploy.payload import deploy as ops
+    from ddtree_deploy.render_table import add_row, make_table
 
     config = config_of(ctx)
     spec = config.host(host)
@@ -126,17 +127,15 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
         if failed:
             raise typer.Exit(1)
         return
-    table = Table(title=f"payloads on {host}")
-    for col in ("venv", "payload", "sglang", "deployed"):
-        table.add_column(col)
+    table = make_table(f"payloads on {host}", ("venv", "payload", "sglang", "deployed"))
     for venv, st in states.items():
         if st is None:
-            table.add_row(venv, "-", "", "")
+            add_row(table, venv, "-", "", "")
         elif "error" in st:
-            table.add_row(venv, f"[red]{st['error']}[/red]", "", "")
+            add_row(table, venv, cell(st["error"], "red"), "", "")
         else:
-            table.add_row(venv, f"{st['payload']} {st['version']}", st.get("sglang", "?"),
-                          st.get("backup", ""))
+            add_row(table, venv, f"{st['payload']} {st['version']}", st.get("sglang", "?"),
+                    st.get("backup", ""))
     out.print(table)
     if failed:  # a venv that is not one, or whose state cannot be read, is not a status
         raise typer.Exit(1)
