@@ -125,14 +125,15 @@ def up(
 
 
 def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_json: bool,
-                    pid: int | None = None, log_file: str | None = None) -> None:
-    from ddtree_deploy.health.probe import ProbeTarget, probe_service
+                    pid: int | None = None, log_file: str | None = None,
+                    warmup: float | None = None, input_ids: bool | None = None) -> None:
+    from ddtree_deploy.health.probe import WARMUP_S, ProbeTarget, probe_service
 
     label = unit or f"port {port}"
     with err.status(f"probing {label} ...") as status:
         verdict = probe_service(t, ProbeTarget(port=port, unit=unit, pid=pid, log_file=log_file,
-                                               host=t.host),
-                                deadline_s=deadline,
+                                               host=t.host, input_ids=input_ids),
+                                deadline_s=deadline, warmup_s=warmup or WARMUP_S,
                                 on_status=lambda s: status.update(f"{label}: {s}"))
     if as_json:
         print_json(out, verdict.to_json())
@@ -144,8 +145,9 @@ def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_
 
 def _render_verdict(unit: str, verdict: Any) -> None:
     style = {"healthy": "green", "unhealthy": "bold red", "deadline": "yellow"}[verdict.status]
-    out.print(f"[{style}]{unit}: {verdict.status}[/{style}] after {verdict.elapsed_s:.1f}s: "
-              f"{verdict.reason}", highlight=False)
+    out.print(f"[{style}]{unit}: {verdict.status}[/{style}] after {verdict.elapsed_s:.1f}s "
+              f"({verdict.warmup_s:.1f}s of it warming up): ", end="", highlight=False)
+    out.print(verdict.reason, markup=False, highlight=False)  # server text: never markup
     for m in verdict.diagnosis:
         out.print(f"  [bold]{m.diagnosis}[/bold]", highlight=False)
         out.print(f"    log: {m.line.strip()}", markup=False, highlight=False)
@@ -259,9 +261,13 @@ def probe(
     log_file: str = typer.Option(None, "--log-file",
                                  help="without systemd: the server's log file on the host, read "
                                       "for crash signatures as the journal is"),
+    warmup: float = typer.Option(300.0, "--warmup", min=0.5,
+                                 help="seconds the greedy and sampled generations may wait for "
+                                      "their first tokens (JIT compiles), apart from --deadline"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Is the service healthy? Fail-fast on crashes (known signatures), bounded by --deadline."""
+    """Is the service healthy? Fail-fast on crashes (known signatures), bounded by --deadline;
+    healthy when a greedy and a sampled generation answered (first tokens within --warmup)."""
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.service import install
 
@@ -280,6 +286,7 @@ def probe(
             service = deps[0].name
         unit = _unit_of(config, service)
     with open_transport(config, spec_host) as t:
+        text = ""
         if port is None and unit is not None:
             from ddtree_deploy.service.spec import PORT_KEY
 
@@ -289,4 +296,6 @@ def probe(
             port = int(found[0]) if found and found[0].strip().isdigit() else None
         if port is None:
             raise UsageError(f"cannot tell {unit}'s port on {host}: give --port")
-        _probe_and_exit(t, unit, port, deadline, as_json=as_json, pid=pid, log_file=log_file)
+        _probe_and_exit(t, unit, port, deadline, as_json=as_json, pid=pid, log_file=log_file,
+                        warmup=warmup,
+                        input_ids=True if "--skip-tokenizer-init" in text else None)

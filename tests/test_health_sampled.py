@@ -13,6 +13,7 @@ The probe runs for real over LocalTransport (remote.py as `python3 -`).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -237,3 +238,20 @@ def test_rate_after_a_slow_first_token_is_the_steady_one() -> None:
 def test_bad_warm_up_budget_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="warm-up"):
         probe_service(LocalTransport(), ProbeTarget(port=1), deadline_s=1, warmup_s=0)
+
+
+def test_cli_probe_reports_the_warm_up(start: Any) -> None:
+    server = start("jit", stall=2.0)
+    cli = Path(sys.executable).parent / "ddtree-deploy"
+    args = [str(cli), "probe", "localhost", "--port", str(server.port), "--pid",
+            str(server.popen.pid), "--log-file", str(server.log), "--deadline", "20"]
+    text = subprocess.run([*args, "--warmup", "60"], capture_output=True, text=True, check=False,
+                          env={**os.environ, "NO_COLOR": "1"})
+    assert text.returncode == 0, text.stderr
+    assert "healthy after" in text.stdout and "s of it warming up): /health 200" in text.stdout
+    warm = float(text.stdout.split("(")[1].split("s of it")[0])
+    assert warm >= 2.0  # the first sampled request's stall
+    again = subprocess.run([*args, "--json"], capture_output=True, text=True, check=False)
+    v = json.loads(again.stdout)
+    assert again.returncode == 0 and v["status"] == "healthy"
+    assert v["warmup_budget_s"] == 300.0 and v["warmup_s"] < 2.0  # compiled already
