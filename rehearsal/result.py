@@ -1,0 +1,79 @@
+"""The schema of OUT/rehearsal.json (what ``rehearsal.run`` writes), as pydantic models.
+
+The file is written after every step, so a cut run still validates: every section is optional
+beyond ``format`` and ``phase``, and what did not run is listed in ``not_run``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Step(_Open):
+    ok: bool
+    seconds: float
+    error: str | None = None
+
+
+class ToolCall(_Open):
+    exit: int
+    seconds: float
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+class ServerRun(_Open):
+    port: int = Field(ge=1, le=65535)
+    argv: list[str]
+    probe_exit: int
+    probe: dict[str, Any]
+    ready_s: float | None = None
+
+
+class NotRun(_Open):
+    step: str
+    why: str
+
+
+class ErrorNote(_Open):
+    step: str
+    trace: str
+
+
+class Lossless(_Open):
+    ok: bool
+    requests: int
+    failed: int
+    wrong: int
+    max_running_req: int | None = None
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1]
+    phase: Literal["correctness", "perf"]
+    elapsed_s: float | None = None
+    steps: dict[str, Step | ToolCall | str | dict[str, Any]] = Field(default_factory=dict)
+    tool: dict[str, ToolCall] = Field(default_factory=dict)
+    servers: dict[str, ServerRun] = Field(default_factory=dict)
+    checks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    perf: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    bench: dict[str, Any] | None = None
+    not_run: list[NotRun] = Field(default_factory=list)
+    errors: list[ErrorNote] = Field(default_factory=list)
+
+    def lossless(self) -> dict[str, Lossless]:
+        return {k.split("/", 1)[1]: Lossless.model_validate(v) for k, v in self.checks.items()
+                if k.startswith("lossless/")}
+
+
+def load(path: str) -> Result:
+    with open(path, encoding="utf-8") as fh:
+        return Result.model_validate_json(fh.read())

@@ -1,0 +1,353 @@
+"""The GPU rehearsal, run on the GPU host from the repository root (one device call per phase).
+
+    python3 -m rehearsal.run --carry .carry --out OUT [--phase correctness|perf] [--budget 540]
+
+1. installs the carry set (``rehearsal.carry install``) into the host's venv;
+2. writes the hand-set test models (``rehearsal.models``) and config-only dummy models;
+3. runs the tool's own commands against the real stack and records their exit codes
+   (inventory, doctor, payload deploy / verify / rollback / status);
+4. renders a unit per server with ``service render localhost NAME`` from a localhost hosts file,
+   starts each as a plain process from the unit's command line and environment
+   (several small servers on the one GPU), and waits for the tool's ``probe`` to call it healthy;
+5. checks (correctness) or measures (perf) them, stops them, and writes OUT/rehearsal.json (its
+   schema: ``rehearsal/result.py``) and OUT/logs.tar.gz (every server's log, the tool's output).
+
+Everything is bounded by ``--budget`` seconds (a device call is cut at 600 s): a phase that no
+longer fits is recorded as skipped, and the JSON and the archive are rewritten after every step,
+so whatever ran comes back even if the call is cut.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = Path("/opt/torch/.venv")
+WORK = Path("/tmp/rehearsal")  # noqa: S108 -- the GPU host's scratch folder, made anew
+
+
+class Rehearsal:
+    def __init__(self, carry: Path, out: Path, budget: float, phase: str) -> None:
+        self.carry, self.out, self.phase = carry.resolve(), out, phase
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + budget
+        self.logs = WORK / "logs"
+        self.result: dict[str, Any] = {"format": 1, "phase": phase, "steps": {}, "servers": {},
+                                       "checks": {}, "perf": {}, "not_run": [], "errors": []}
+        self.cli = self.carry / "bin" / "ddtree-deploy"
+        self.running: dict[str, Any] = {}
+
+    # --- bookkeeping ----------------------------------------------------------------------
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        self.result["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        tmp = self.out / "rehearsal.json.tmp"
+        tmp.write_text(json.dumps(self.result, indent=1, default=str), encoding="utf-8")
+        tmp.replace(self.out / "rehearsal.json")
+        with tarfile.open(self.out / "logs.tar.gz.tmp", "w:gz") as tar:
+            if self.logs.is_dir():
+                tar.add(self.logs, arcname="logs")
+        (self.out / "logs.tar.gz.tmp").replace(self.out / "logs.tar.gz")
+
+    def step(self, name: str, fn: Any, *, need: float = 0.0) -> Any:
+        if self.left() < need:
+            self.result["not_run"].append({"step": name, "why": f"{self.left():.0f} s left"})
+            self.save()
+            return None
+        t = time.monotonic()
+        try:
+            value = fn()
+            self.result["steps"][name] = {"ok": True, "seconds": round(time.monotonic() - t, 1)}
+            return value
+        except Exception as exc:  # recorded, the rest goes on
+            self.result["steps"][name] = {"ok": False, "seconds": round(time.monotonic() - t, 1),
+                                          "error": f"{type(exc).__name__}: {exc}"}
+            self.result["errors"].append({"step": name, "trace": traceback.format_exc()[-3000:]})
+            return None
+        finally:
+            self.save()
+
+    def sh(self, name: str, argv: list[str], timeout: float = 300.0,
+           env: dict[str, str] | None = None) -> dict[str, Any]:
+        t = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                              env=env, cwd=REPO)
+        (self.logs / f"{name}.out").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+        return {"exit": done.returncode, "seconds": round(time.monotonic() - t, 1),
+                "stdout_tail": done.stdout[-1500:], "stderr_tail": done.stderr[-1500:]}
+
+    # --- phases -------------------------------------------------------------------------------
+    def install(self) -> None:
+        r = self.sh("carry-install", [sys.executable, "-m", "rehearsal.carry", "install",
+                                      str(self.carry), "--target", str(VENV)], timeout=400)
+        self.result["steps"]["carry_install_detail"] = r
+        if r["exit"] != 0:
+            raise RuntimeError(f"carry install exited {r['exit']}: {r['stderr_tail']}")
+        site = self.carry / "tool-site"
+        if str(site) not in sys.path:
+            sys.path.append(str(site))
+
+    def models(self) -> None:
+        from rehearsal import models
+
+        for design in ("ladder", "alarm"):
+            r = self.sh(f"models-{design}", [sys.executable, "-m", "rehearsal.models",
+                                             str(WORK / "models" / design), "--design", design])
+            if r["exit"] != 0:
+                raise RuntimeError(f"models {design}: {r['stderr_tail']}")
+            self.result["steps"][f"models_{design}"] = r["stdout_tail"]
+        base = models.get_design("ladder")
+        dummy = replace(base, hidden_size=1024, vocab_size=32000, block_size=16)
+        for part, cfg in (("target", models.target_config(dummy)),
+                          ("draft", models.draft_config(dummy))):
+            folder = WORK / "models" / "dummy" / part
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+
+    def tool_commands(self, hosts: Path) -> None:
+        v = str(VENV)
+        calls = [
+            ("inventory", ["inventory", "localhost", "--refresh", "--json"]),
+            ("doctor", ["doctor", "localhost", "--venv", v, "--json"]),
+            ("payload_deploy", ["payload", "deploy", "localhost", "--venv", v]),
+            ("payload_verify", ["payload", "verify", "localhost", "--venv", v, "--json"]),
+            ("payload_status", ["payload", "status", "localhost", "--venv", v, "--json"]),
+            ("payload_rollback", ["payload", "rollback", "localhost", "--venv", v]),
+            ("payload_verify_after_rollback", ["payload", "verify", "localhost", "--venv", v,
+                                               "--json"]),
+            ("payload_deploy_again", ["payload", "deploy", "localhost", "--venv", v]),
+            ("doctor_with_payload", ["doctor", "localhost", "--venv", v, "--json"]),
+        ]
+        out = {}
+        for name, args in calls:
+            out[name] = self.sh(f"tool-{name}", [str(self.cli), "--hosts", str(hosts), *args])
+        self.result["tool"] = out
+        if out["payload_deploy_again"]["exit"] != 0:
+            raise RuntimeError("the payload is not deployed: servers cannot run DDTREE")
+
+    def start_servers(self, servers: list[Any]) -> None:
+        from rehearsal import servers as srv
+
+        hosts = {s.name: srv.hosts_file(s, str(VENV), self.logs) for s in servers}
+
+        env = dict(os.environ)
+        env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
+        (WORK / "home").mkdir(parents=True, exist_ok=True)
+        units = {}
+        for s in servers:
+            units[s.name] = srv.render(self.cli, hosts[s.name], s.name)
+            (self.logs / f"{s.name}.service").write_text(units[s.name])
+        first, rest = servers[0], servers[1:]
+
+        def launch(s: Any) -> None:
+            run = srv.start(s, units[s.name], self.logs, env)
+            self.running[s.name] = run
+            code, verdict = srv.probe(self.cli, hosts[s.name], run,
+                                      deadline=max(30.0, self.left() - 120))
+            run.healthy_s = round(time.monotonic() - run.started, 1)
+            self.result["servers"][s.name] = {
+                "port": s.port, "argv": run.argv, "probe_exit": code,
+                "probe": {k: verdict.get(k) for k in ("status", "reason", "warmup_s",
+                                                      "elapsed_s", "tok_per_s", "diagnosis")},
+                "ready_s": run.healthy_s}
+            self.save()
+
+        launch(first)  # alone: the JIT caches are filled once
+        with ThreadPoolExecutor(max_workers=len(rest) or 1) as pool:
+            list(pool.map(launch, rest))
+
+    def healthy(self, name: str) -> bool:
+        return self.result["servers"].get(name, {}).get("probe_exit") == 0
+
+    def stop_all(self) -> None:
+        from rehearsal import servers as srv
+
+        for name, run in list(self.running.items()):
+            try:
+                srv.stop(run)
+            except Exception as exc:
+                self.result["errors"].append({"step": f"stop {name}", "trace": str(exc)})
+        self.running.clear()
+
+
+def _servers(phase: str) -> list[Any]:
+    from rehearsal.servers import Server
+
+    m = str(WORK / "models")
+    lad, alarm, dummy = f"{m}/ladder", f"{m}/alarm", f"{m}/dummy"
+    if phase == "correctness":
+        specs = [
+            Server("nospec-ladder", lad),
+            Server("dflash-ladder", lad, "dflash"),
+            Server("ddtree15-ladder", lad, "ddtree", 15, 8, backend=None),  # payload picks triton
+            Server("ddtree31-ladder", lad, "ddtree", 31, 8),
+            Server("ddtree63-ladder", lad, "ddtree", 63, 8),
+            Server("ddtree15-ladder-nograph", lad, "ddtree", 15, 8, cuda_graph=False),
+            Server("shadow15-ladder", lad, "ddtree", 15, 8, shadow_linear=True),
+            Server("nospec-alarm", alarm),
+            Server("ddtree15-alarm", alarm, "ddtree", 15, 8),
+            Server("ddtree15-alarm-maskfault", alarm, "ddtree", 15, 8, fault="mask"),
+            Server("ddtree15-ladder-greedyfollow", lad, "ddtree", 15, 8, fault="greedy-follow"),
+            Server("ddtree15-ladder-hot", lad, "ddtree", 15, 8, fault="hot"),
+            Server("ddtree63-ladder-pressure", lad, "ddtree", 63, 8, context_length=2048,
+                   extra=("--max-total-tokens", "6000")),
+        ]
+    else:
+        specs = [
+            Server("nospec-ladder", lad),
+            Server("dflash-ladder", lad, "dflash"),
+            Server("ddtree15-ladder", lad, "ddtree", 15, 8),
+            Server("ddtree31-ladder", lad, "ddtree", 31, 8),
+            Server("nospec-dummy", dummy, dummy=True),
+            Server("dflash-dummy", dummy, "dflash", dummy=True),
+            Server("ddtree15-dummy", dummy, "ddtree", 15, 8, dummy=True),
+            Server("ddtree31-dummy", dummy, "ddtree", 31, 8, dummy=True),
+        ]
+    # The tool renders --speculative-num-draft-tokens; the designed drafters' block is 8 (the
+    # dummy one's 16): the last flag wins in SGLang's parser.
+    out = []
+    for i, s in enumerate(specs):
+        block = "16" if s.dummy else "8"
+        extra = s.extra + (("--speculative-num-draft-tokens", block) if s.algorithm != "none"
+                           else ())
+        out.append(replace(s, port=31000 + i, extra=extra))
+    return out
+
+
+def correctness(r: Rehearsal, servers: list[Any]) -> None:
+    from rehearsal import checks
+    from rehearsal.designs import get_design
+
+    lad, alarm = get_design("ladder"), get_design("alarm")
+    port = {s.name: s.port for s in servers}
+    mixed = checks.prompt_set(lad, 40, seed=1)
+
+    def lossless(name: str, design: Any, prompts: Any, algo: str | None, budget: int = 15,
+                 stream_every: int = 0) -> None:
+        if not r.healthy(name):
+            r.result["not_run"].append({"step": f"lossless {name}", "why": "server not healthy"})
+            return
+        res = checks.lossless(port[name], design, prompts, concurrency=40, algorithm=algo,
+                              budget=budget, topk=8, stream_every=stream_every)
+        res["max_running_req"] = checks.max_running(r.logs / f"{name}.log")
+        res.pop("outputs")
+        r.result["checks"][f"lossless/{name}"] = res
+
+    jobs = [("nospec-ladder", lad, mixed, None, 15, 0),
+            ("dflash-ladder", lad, mixed, "DFLASH", 15, 0),
+            ("ddtree15-ladder", lad, mixed, "DDTREE", 15, 5),
+            ("ddtree31-ladder", lad, mixed, "DDTREE", 31, 0),
+            ("ddtree63-ladder", lad, mixed, "DDTREE", 63, 0),
+            ("ddtree15-ladder-nograph", lad, mixed, "DDTREE", 15, 0),
+            ("shadow15-ladder", lad, mixed, "DFLASH", 15, 0),
+            ("nospec-alarm", alarm, checks.prompt_set(alarm, 40, seed=2), None, 15, 0),
+            ("ddtree15-alarm", alarm, checks.prompt_set(alarm, 40, seed=2), "DDTREE", 15, 0),
+            ("ddtree15-alarm-maskfault", alarm, checks.prompt_set(alarm, 40, seed=2), "DDTREE",
+             15, 0)]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        list(pool.map(lambda j: r.step(f"check {j[0]}", lambda: lossless(*j)), jobs))
+
+    for name, algo, budget in (("dflash-ladder", "DFLASH", 15),
+                               ("ddtree15-ladder", "DDTREE", 15),
+                               ("ddtree31-ladder", "DDTREE", 31),
+                               ("ddtree63-ladder", "DDTREE", 63)):
+        if r.healthy(name):
+            r.result["checks"][f"accept/{name}"] = checks.long_accept(port[name], lad, algo,
+                                                                      budget, 8)
+
+    def law() -> None:
+        import torch
+
+        logits = checks.transition_logits(WORK / "models" / "ladder" / "target")
+        # The temperature at which the ladder's top-1 after token 100 has probability 1/2.
+        lo, hi = 1e-3, 1e3
+        for _ in range(60):
+            mid = (lo * hi) ** 0.5
+            p = float(torch.softmax(logits[100] / mid, -1).max())
+            lo, hi = (mid, hi) if p > 0.5 else (lo, mid)
+        t = round((lo * hi) ** 0.5, 4)
+        for name in ("nospec-ladder", "ddtree15-ladder", "ddtree15-ladder-greedyfollow",
+                     "ddtree15-ladder-hot"):
+            if r.healthy(name):
+                r.result["checks"][f"sampling/{name}"] = checks.sampling_law(
+                    port[name], logits, temperature=t, count=64, length=48, seed=5)
+
+    r.step("sampling law", law, need=30)
+
+    def pressure() -> None:
+        name = "ddtree63-ladder-pressure"
+        if not r.healthy(name):
+            return
+        prompts = checks.prompt_set(lad, 24, seed=3, min_len=1700, max_len=1900, min_out=100,
+                                    max_out=140)
+        res = checks.lossless(port[name], lad, prompts, concurrency=24, algorithm="DDTREE",
+                              budget=63, topk=8)
+        res.pop("outputs")
+        log = (r.logs / f"{name}.log").read_text(errors="replace")
+        res["retractions_or_queue"] = log.count("retract") + log.count("#queue-req: ")
+        res["draft_oom"] = "DFLASH draft OOM" in log
+        res["alive_after"] = r.running[name].pid and os.path.exists(f"/proc/{r.running[name].pid}")
+        r.result["checks"][f"pressure/{name}"] = res
+
+    r.step("memory pressure", pressure, need=20)
+
+
+def perf(r: Rehearsal, servers: list[Any]) -> None:
+    from rehearsal import perf as p
+
+    for group in (("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree31-ladder"),
+                  ("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree31-dummy")):
+        live = [(s.name, s.port) for s in servers if s.name in group and r.healthy(s.name)]
+        if live and r.left() > 60:
+            r.result["perf"].update(p.measure(live, rounds=3, tokens=256))
+            r.save()
+        else:
+            r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rehearsal.run")
+    ap.add_argument("--carry", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--phase", choices=("correctness", "perf"), default="correctness")
+    ap.add_argument("--budget", type=float, default=540.0)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    (WORK / "logs").mkdir(parents=True)
+    r = Rehearsal(a.carry, a.out, a.budget, a.phase)
+    try:
+        r.step("install", r.install)
+        r.step("models", r.models)
+        servers = _servers(a.phase)
+        from rehearsal.servers import hosts_file
+
+        hosts = hosts_file(servers[0], str(VENV), r.logs)
+        r.step("tool commands", lambda: r.tool_commands(hosts))
+        r.step("servers", lambda: r.start_servers(servers), need=150)
+        if a.phase == "correctness":
+            correctness(r, servers)
+        else:
+            perf(r, servers)
+    finally:
+        r.stop_all()
+        r.save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""The rehearsal's servers: localhost deployments rendered by the tool, run as plain processes.
+
+Each server is a deployment of a hosts file written for ``localhost`` (transport local): the
+tool's own ``service render localhost NAME`` produces the unit, and the server runs the unit's
+ExecStart with its Environment= and WorkingDirectory= (``ddtree_deploy.service.plainproc``), so
+what runs is what the unit says. The GPU host has no systemd: ``--no-verify``, and the tool's
+``probe --port --pid --log-file`` reads the server's log instead of the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+FAULTS_DIR = Path(__file__).resolve().parent / "faults"
+
+# Flags every rehearsal server takes (tiny models, several servers on one GPU, token ids).
+COMMON_ARGS = (
+    "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-running-requests", "32",
+    "--cuda-graph-max-bs", "32", "--disable-piecewise-cuda-graph", "--random-seed", "1234",
+    "--decode-log-interval", "1",
+)  # fmt: skip
+# What the GPU host needs in every server's environment (set through hosts.yaml's
+# per-deployment `environment:`, so the unit carries it): no hub, tvm-ffi without torch's
+# C DLPack, JIT caches under HOME (the rehearsal's scratch folder).
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server of the rehearsal."""
+
+    name: str
+    models: str  # folder holding target/ and draft/ (a design, or dummy weights)
+    algorithm: str = "none"  # none | dflash | ddtree
+    budget: int | None = None
+    topk: int | None = None
+    shadow_linear: bool = False
+    cuda_graph: bool = True
+    backend: str | None = "triton"  # None: name no backend (the payload picks triton)
+    fault: str | None = None  # REHEARSAL_FAULT for rehearsal/faults/sitecustomize.py
+    port: int = 0
+    mem_fraction: float = 0.04
+    context_length: int = 2048
+    extra: tuple[str, ...] = ()
+    dummy: bool = False
+
+    def deployment(self, venv_ref: str) -> dict:
+        dep: dict = {
+            "host": "localhost", "venv": venv_ref, "cuda_lane": "cu130",
+            "sglang": {"version": "0.5.11"}, "payload": self.algorithm == "ddtree",
+            "gpu": 0, "port": self.port,
+            "model_path": f"{self.models}/target", "algorithm": self.algorithm,
+            "grammar_backend": "none", "mem_fraction_static": self.mem_fraction,
+            "context_length": self.context_length, "cuda_graph": self.cuda_graph,
+            "sampling_backend": "pytorch",
+            "environment": dict(SERVER_ENV),
+            "extra_args": ["--load-format", "dummy" if self.dummy else "auto",
+                           *COMMON_ARGS, *self.extra],
+        }  # fmt: skip
+        if self.backend:
+            dep["attention_backend"] = self.backend
+        if self.algorithm != "none":
+            dep["draft_model_path"] = f"{self.models}/draft"
+        if self.algorithm == "ddtree":
+            dep["ddtree"] = {"budget": self.budget, "topk": self.topk,
+                             "shadow_linear": self.shadow_linear}
+        return dep
+
+
+def hosts_file(server: Server, venv: str, folder: Path) -> Path:
+    """Write a localhost hosts file whose one deployment is ``server``.
+
+    One file per server: hosts.yaml refuses two deployments on one GPU of a host (rightly, for
+    real hosts); the rehearsal shares the GPU on purpose, so each server gets its own file.
+    """
+    doc = {
+        "version": 1,
+        "hosts": {"localhost": {"transport": "local", "venvs": {
+            "torch": {"path": venv, "role": "serving"}}}},
+        "deployments": {server.name: server.deployment("torch")},
+    }
+    path = folder / f"{server.name}.hosts.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@dataclass
+class Running:
+    """A started server: its unit, command, PID and log."""
+
+    server: Server
+    unit: str
+    argv: list[str]
+    pid: int
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+    healthy_s: float | None = None
+    probe: dict | None = None
+
+
+def tool(cli: Path, hosts: Path, *args: str, timeout: float = 300.0) -> tuple[int, str, str]:
+    """Run the tool's CLI; (exit code, stdout, stderr)."""
+    done = subprocess.run([str(cli), "--hosts", str(hosts), *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def render(cli: Path, hosts: Path, name: str) -> str:
+    code, out, err = tool(cli, hosts, "service", "render", "localhost", name, "--no-verify")
+    if code != 0:
+        raise RuntimeError(f"service render {name} exited {code}: {err.strip()[-2000:]}")
+    return out
+
+
+def start(server: Server, unit: str, log_dir: Path, base_env: Mapping[str, str]) -> Running:
+    from ddtree_deploy.service import plainproc
+
+    cmd = plainproc.PlainCommand.from_unit(unit)
+    env = dict(base_env)
+    if server.fault:
+        env["REHEARSAL_FAULT"] = server.fault
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(FAULTS_DIR), env.get("PYTHONPATH", "")) if p)
+    log = log_dir / f"{server.name}.log"
+    pid = plainproc.start(cmd, str(log), base_env=env)
+    return Running(server, unit, list(cmd.argv), pid, log)
+
+
+def stop(run: Running) -> None:
+    from ddtree_deploy.service import plainproc
+
+    plainproc.stop(run.pid, timeout=20.0)
+
+
+def probe(cli: Path, hosts: Path, run: Running, deadline: float) -> tuple[int, dict]:
+    """The tool's probe of one running server, by port, PID and log file."""
+    code, out, err = tool(
+        cli, hosts, "probe", "localhost", "--port", str(run.server.port), "--pid",
+        str(run.pid), "--log-file", str(run.log), "--deadline", str(deadline), "--json",
+        timeout=deadline + 60,
+    )  # fmt: skip
+    try:
+        verdict = json.loads(out) if out.strip() else {"error": err.strip()[-2000:]}
+    except json.JSONDecodeError:
+        verdict = {"error": out.strip()[-2000:]}
+    return code, verdict
