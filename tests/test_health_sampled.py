@@ -255,3 +255,54 @@ def test_cli_probe_reports_the_warm_up(start: Any) -> None:
     v = json.loads(again.stdout)
     assert again.returncode == 0 and v["status"] == "healthy"
     assert v["warmup_budget_s"] == 300.0 and v["warmup_s"] < 2.0  # compiled already
+
+
+REAL = Path(__file__).parent / "facts" / "health"
+
+
+def test_probe_reads_real_sglang_answers_in_token_id_mode() -> None:
+    """The bodies a real 0.5.11 server gave (tests/facts/health/SOURCES.txt), replayed."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = {name: (REAL / f"{name}.json").read_bytes()
+              for name in ("greedy", "server_info", "v1_models")}
+    posts: list[dict[str, Any]] = []
+
+    class Replay(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            routes = {"/health": b"", "/server_info": bodies["server_info"],
+                      "/v1/models": bodies["v1_models"]}
+            self._send(200, routes[self.path]) if self.path in routes else self._send(404, b"")
+
+        def do_POST(self) -> None:
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self._send(200, bodies["greedy"])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        verdict = probe_service(LocalTransport(), ProbeTarget(port=httpd.server_address[1]),
+                                deadline_s=20, sudo=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    v = verdict.to_json()
+    assert v["status"] == "healthy", v
+    assert v["http"]["model_id"] == "/tmp/smoke/target"
+    assert v["http"]["input_mode"] == "ids" and v["http"]["sampling_backend"] == "flashinfer"
+    for kind in ("greedy", "sampled"):
+        assert v["http"][kind]["tokens"] == 32  # meta_info.completion_tokens of the answer
+        assert v["http"][kind]["ids_sample"][:4] == [730, 912, 730, 912]
+    assert [sorted(p) for p in posts] == [["input_ids", "sampling_params", "stream"]] * 2
+    assert posts[1]["sampling_params"] == {"max_new_tokens": 8, **SAMPLING}
