@@ -6,7 +6,9 @@ sha256 of the bytes written matches the name. So a blob that exists is complete 
 verified; a crash mid-write leaves at most a temporary file, which the next cache
 opened on the folder removes once its writer process is gone.
 
-Memory stays bounded: data moves in 1 MiB chunks; zstd keeps a fixed window.
+Memory stays bounded: data moves in 1 MiB chunks; zstd keeps a fixed window. Each
+blob's level is measured on its first chunk: data that does not shrink is stored at
+a level that is nearly a copy (CPU is the scarce thing while a transfer streams).
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ from ddtree_deploy.errors import DeployError
 from ddtree_deploy.localproc import pid_alive
 
 CHUNK = 1024 * 1024
-LEVEL = 3  # per-blob level on disk: fast (hundreds of MB/s) and CUDA .so files shrink 2-4x
+LEVEL = 1  # per-blob level on disk: written while the bytes stream through, so fast
+STORE_LEVEL = -5  # for contents that do not shrink (most CUDA 13 libraries): near a copy
+TRIAL = 64 * 1024  # a first chunk at least this long is test-compressed to pick the level
+
+
+def level_for(first_chunk: bytes, level: int) -> int:
+    """`level`, or STORE_LEVEL when the first chunk shrinks less than 10% at it (measured)."""
+    if len(first_chunk) < TRIAL:
+        return level
+    trial = zstandard.ZstdCompressor(level=level).compress(first_chunk[:4 * TRIAL])
+    return level if len(trial) * 1.1 <= min(len(first_chunk), 4 * TRIAL) else STORE_LEVEL
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -110,13 +122,16 @@ class BlobCache:
         count = 0
         try:
             with tmp.open("wb") as raw:
-                cctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True)
-                comp = cctx.compressobj(size=-1 if size is None else size)
+                comp = None
                 left = size
                 while left is None or left > 0:
                     chunk = src.read(CHUNK if left is None else min(CHUNK, left))
                     if not chunk:
                         break
+                    if comp is None:  # the level measured on the first chunk
+                        cctx = zstandard.ZstdCompressor(level=level_for(chunk, self.level),
+                                                        write_content_size=True)
+                        comp = cctx.compressobj(size=-1 if size is None else size)
                     digest.update(chunk)
                     raw.write(comp.compress(chunk))
                     count += len(chunk)
@@ -124,6 +139,9 @@ class BlobCache:
                         left -= len(chunk)
                 if size is not None and count != size:
                     raise IntegrityError(f"blob {sha}: stream ended after {count} of {size} bytes")
+                if comp is None:  # empty content
+                    comp = zstandard.ZstdCompressor(level=self.level,
+                                                    write_content_size=True).compressobj(size=0)
                 raw.write(comp.flush())
                 raw.flush()
                 os.fsync(raw.fileno())

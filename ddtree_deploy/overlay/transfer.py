@@ -46,9 +46,10 @@ import json
 import os
 import tarfile
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import zstandard
 
@@ -79,6 +80,7 @@ class TransferReport:
     wire: int = 0
     skipped: int = 0  # files not moved because the cache / the staging already had them
     compressed: bool = False
+    seconds: float = 0.0
 
 
 def unique_by_sha(files: Iterable[FileEntry]) -> list[FileEntry]:
@@ -89,16 +91,42 @@ def unique_by_sha(files: Iterable[FileEntry]) -> list[FileEntry]:
     return list(seen.values())
 
 
-class _PipeWriter:
-    """The write end of an OS pipe as a file; after the reader gives up it discards."""
+class Forwarder(Protocol):
+    """Where the source's stream also goes as it arrives (a target's receiver)."""
 
-    def __init__(self, fd: int) -> None:
+    def start(self, compressed: bool) -> None: ...
+
+    def feed(self, data: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class _PipeWriter:
+    """The write end of an OS pipe as a file; after the reader gives up it discards.
+
+    With forwarders, every byte after the first (the stream's kind: Z or P) also goes
+    to each of them, in the order it arrived, before the local reader gets it.
+    """
+
+    def __init__(self, fd: int, forward: Sequence[Forwarder] = ()) -> None:
         self.fd = fd
         self.count = 0
         self.discard = False
+        self.forward = list(forward)
+        self._started = False
 
     def write(self, data: bytes) -> int:
         self.count += len(data)
+        if self.forward and not self.discard:
+            rest = data
+            if not self._started and data:
+                self._started = True
+                for f in self.forward:
+                    f.start(data[:1] == b"Z")
+                rest = data[1:]
+            if rest:
+                for f in self.forward:
+                    f.feed(rest)
         view = memoryview(data)
         while view and not self.discard:
             try:
@@ -110,6 +138,8 @@ class _PipeWriter:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+        for f in self.forward:
+            f.finish()
 
 
 class _Counted:
@@ -166,9 +196,16 @@ def fetch(
     python: str = "python3",
     compress: bool = True,
     sudo: bool = False,
+    forward: Sequence[Forwarder] = (),
+    also: Sequence[int] = (),
 ) -> TransferReport:
-    """Bring every content of `files` the cache lacks from `source` into `cache`."""
+    """Bring every content of `files` the cache lacks from `source` into `cache`.
+
+    `forward`: receivers that get the stream too, as it arrives (see relay.py); `also`:
+    progress tasks advanced with the fetch's own (theirs move in step with it).
+    """
     progress = progress or NullProgress()
+    t0 = time.monotonic()
     entries = unique_by_sha(files)
     need = [e for e in entries if not cache.has(e.sha256)]
     report = TransferReport(skipped=len(entries) - len(need))
@@ -181,7 +218,7 @@ def fetch(
         stdin=listing, sudo=sudo,
     )  # fmt: skip
     rfd, wfd = os.pipe()
-    writer = _PipeWriter(wfd)
+    writer = _PipeWriter(wfd, forward)
     outcome: list[Result | BaseException] = []
 
     def produce() -> None:
@@ -198,7 +235,7 @@ def fetch(
     reader = os.fdopen(rfd, "rb", buffering=CHUNK)
     seen: dict[str, str] = {}
     try:
-        _read_source_tar(reader, by_sha, cache, report, progress, task, seen)
+        _read_source_tar(reader, by_sha, cache, report, progress, [task, *also], seen)
     except BaseException as exc:
         writer.discard = True
         reader.close()
@@ -223,6 +260,7 @@ def fetch(
         raise result
     if result is not None and not result.ok and report.files < len(need):
         raise _failure(result, "reading the lane's files on the source")
+    report.seconds = time.monotonic() - t0
     return report
 
 
@@ -232,11 +270,16 @@ def _read_source_tar(
     cache: BlobCache,
     report: TransferReport,
     progress: ProgressSink,
-    task: int,
+    tasks: list[int],
     seen: dict[str, str],
 ) -> None:
     """Store the stream's files in the cache; `seen["pid"]`: the source's process."""
-    host = progress.host(task)
+    host = progress.host(tasks[0])
+
+    def tick(n: int) -> None:
+        for t in tasks:
+            progress.advance(t, n)
+
     kind = reader.read(1)
     stream: BinaryIO = reader
     if kind == b"Z":
@@ -266,7 +309,7 @@ def _read_source_tar(
                     f"{host}: {entry.path} has {member.size} bytes on the source, "
                     f"the manifest says {entry.size}; re-run the plan"
                 )
-            counted = _Counted(data, lambda n: progress.advance(task, n))  # type: ignore[arg-type]
+            counted = _Counted(data, tick)  # type: ignore[arg-type]
             try:
                 cache.put(entry.sha256, counted, entry.size)  # type: ignore[arg-type]
             except IntegrityError as exc:
@@ -303,27 +346,61 @@ def push(
     sudo: bool = False,
 ) -> TransferReport:
     """Make `staging_dir/blobs/<sha256>` hold every content of `files`, verified there."""
-    progress = progress or NullProgress()
     entries = unique_by_sha(files)
     absent = [e.sha256 for e in entries if not cache.has(e.sha256)]
     if absent:
         raise DeployError(f"{len(absent)} blob(s) to push are not in the cache (fetch first)")
+    state = staging_check(target, staging_dir, entries, python=python, sudo=sudo)
+    need = [e for e in entries if e.sha256 not in state.present]
+    report = send_from_cache(target, staging_dir, need, cache, progress, python=python,
+                             compress=compress and state.zstd, sudo=sudo, free=state.free)
+    report.skipped = len(entries) - len(need)
+    return report
+
+
+@dataclass
+class StagingState:
+    present: set[str]
+    zstd: bool
+    free: int | None
+
+
+def staging_check(target: Transport, staging_dir: str, entries: list[FileEntry], *,
+                  python: str = "python3", sudo: bool = False) -> StagingState:
+    """Which contents the target's staging already holds, verified (damaged ones deleted)."""
     listing = json.dumps([[e.sha256, e.size] for e in entries]).encode()
     check = Command.of(python, "-c", STAGING_CHECK, staging_dir, stdin=listing, sudo=sudo)
     state = _run_json(target, check, "the staging check")
-    present = set(_str_list(state.get("present")))
-    need = [e for e in entries if e.sha256 not in present]
-    report = TransferReport(skipped=len(entries) - len(need))
+    free = state.get("free")
+    return StagingState(set(_str_list(state.get("present"))), bool(state.get("zstd")),
+                        free if isinstance(free, int) else None)
+
+
+def send_from_cache(
+    target: Transport,
+    staging_dir: str,
+    need: list[FileEntry],
+    cache: BlobCache,
+    progress: ProgressSink | None = None,
+    *,
+    python: str = "python3",
+    compress: bool = True,
+    sudo: bool = False,
+    free: int | None = None,
+) -> TransferReport:
+    """Stream `need` (unique contents, all cached) into the target's staging, verified there."""
+    progress = progress or NullProgress()
+    report = TransferReport()
     if not need:
         return report
-    use_zstd = compress and bool(state.get("zstd"))
+    use_zstd = compress
     report.compressed = use_zstd
     total = sum(e.size for e in need)
-    free = state.get("free")
-    if isinstance(free, int) and free < total:
+    if free is not None and free < total:
         raise DeployError(
             f"{target.host}: {staging_dir} has {free} bytes free, the staging needs {total}"
         )
+    t0 = time.monotonic()
     task = progress.begin(target.host, "push", total)
     rfd, wfd = os.pipe()
     writer = _PipeWriter(wfd)
@@ -346,19 +423,25 @@ def push(
     report.wire = writer.count
     if errors:
         raise errors[0]
-    answer = _parse(result, "the staging receiver")
+    check_received(target.host, staging_dir, need, _parse(result, "the staging receiver"))
+    report.files = len(need)
+    report.payload = total
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def check_received(host: str, staging_dir: str, need: list[FileEntry],
+                   answer: dict[str, object]) -> None:
+    """IntegrityError unless the receiver's answer lists every content of `need` as ok."""
     ok = set(_str_list(answer.get("ok")))
     bad = [e for e in need if e.sha256 not in ok]
     if bad:
         detail = answer.get("error") or "content differs from its sha256"
         raise IntegrityError(
-            f"{target.host}: {len(bad)} file(s) did not arrive intact in {staging_dir} "
+            f"{host}: {len(bad)} file(s) did not arrive intact in {staging_dir} "
             f"(e.g. {bad[0].path}): {detail}",
             hint="re-run: verified files are kept, only the rest is sent again",
         )
-    report.files = len(need)
-    report.payload = total
-    return report
 
 
 def _write_tar(

@@ -82,6 +82,8 @@ print(json.dumps({"present": present, "zstd": shutil.which("zstd") is not None, 
 
 # Target, step 2: read a tar of blobs (named by sha256) from stdin; write each to
 # incoming/, hash it while writing, and rename it into blobs/ only when it matches.
+# The tar is the workstation's (from its cache) or the source's own (forwarded while
+# it arrives: its "pid" member is skipped).
 # argv[1]: the staging folder. Prints {"ok": [...], "bad": [...], "complete": bool}.
 STAGING_RECEIVE = r"""
 import hashlib, json, os, sys, tarfile
@@ -97,6 +99,8 @@ try:
         if member.name == "end":
             complete = True
             break
+        if member.name == "pid":  # a source's stream, forwarded as it came: not a blob
+            continue
         sha = member.name
         if len(sha) != 64 or sha.strip("0123456789abcdef") or not member.isfile():
             bad.append(sha)

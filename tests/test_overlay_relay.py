@@ -1,0 +1,145 @@
+"""The pipelined relay: source -> workstation -> several targets at once, the cache filled on
+the way; compression chosen by measurement; a failed target is its own.
+
+Over LocalTransport (the "hosts" are folders of this machine) and one real loopback sshd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.errors import TransportError
+from ddtree_deploy.overlay import wire
+from ddtree_deploy.overlay.cache import STORE_LEVEL, BlobCache, level_for
+from ddtree_deploy.overlay.model import FileEntry
+from ddtree_deploy.overlay.progress import CountingProgress
+from ddtree_deploy.overlay.relay import Destination, relay
+from ddtree_deploy.overlay.transfer_scripts import STAGING_RECEIVE
+from ddtree_deploy.transport import LocalTransport
+
+PY = sys.executable
+MiB = 1024 * 1024
+
+
+def _venv(root: Path, compressible: bool) -> tuple[Path, list[FileEntry]]:
+    sp = root / "lib" / "python3.11" / "site-packages"
+    (sp / "pkg").mkdir(parents=True)
+    rng = random.Random(7)
+    files = {"pkg/a.so": rng.randbytes(5 * MiB + 11), "pkg/b.py": b"x = 1\n",
+             "pkg/empty": b""}
+    if compressible:
+        files = {k: (b"kernel-" * (len(v) // 7 + 1))[:len(v)] for k, v in files.items()}
+    entries = []
+    for rel, data in files.items():
+        (sp / rel).write_bytes(data)
+        entries.append(FileEntry(path=rel, sha256=hashlib.sha256(data).hexdigest(),
+                                 size=len(data)))
+    return sp, entries
+
+
+def _dest(tmp: Path, name: str, files: list[FileEntry]) -> Destination:
+    return Destination(label=f"{name}:/v", transport=LocalTransport(host=name),
+                       staging=str(tmp / name / "staging"), files=files, python=PY)
+
+
+def _staged(d: Destination) -> dict[str, str]:
+    blobs = Path(d.staging) / "blobs"
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in blobs.iterdir()}
+
+
+def test_cold_relay_streams_to_every_target_and_fills_the_cache(tmp_path: Path) -> None:
+    sp, files = _venv(tmp_path / "src", compressible=False)
+    cache = BlobCache(tmp_path / "cache")
+    dests = [_dest(tmp_path, n, files) for n in ("t1", "t2", "t3")]
+    progress = CountingProgress()
+    rep = relay(LocalTransport(host="src"), str(sp), dests, cache, progress, python=PY)
+    shas = {f.sha256 for f in files}
+    assert rep.fetched.files == len(shas) and all(cache.verify(s) for s in shas)
+    for d in dests:
+        assert d.error is None
+        staged = _staged(d)
+        assert set(staged) == shas and all(k == v for k, v in staged.items())
+        assert d.forwarded.files == len(shas) and d.from_cache.files == 0  # one pass
+    pushes = [t for t in progress.tasks.values() if t["what"] == "push (streamed)"]
+    assert len(pushes) == 3 and all(t["done"] == t["total"] and t["ended"] for t in pushes)
+    # warm: a new target gets everything from the cache, the source sends nothing
+    late = _dest(tmp_path, "t4", files)
+    before = [_dest(tmp_path, n, files) for n in ("t1", "t2", "t3")]
+    again = relay(LocalTransport(host="src"), str(sp), [late, *before], cache, python=PY)
+    assert again.fetched.files == 0 and again.fetched.wire == 0
+    assert late.from_cache.files == len(shas) and set(_staged(late)) == shas
+    assert all(d.from_cache.files == 0 and d.forwarded.files == 0 for d in before)  # staged
+
+
+def test_a_failed_target_is_its_own(tmp_path: Path) -> None:
+    sp, files = _venv(tmp_path / "src", compressible=False)
+    cache = BlobCache(tmp_path / "cache")
+    good = _dest(tmp_path, "good", files)
+    bad = _dest(tmp_path, "bad", files)
+    bad.python = "/no/python"
+    rep = relay(LocalTransport(host="src"), str(sp), [bad, good], cache, python=PY)
+    assert bad.error is not None and "staging check failed" in bad.error.message
+    assert good.error is None and set(_staged(good)) == {f.sha256 for f in files}
+    assert rep.fetched.files == len({f.sha256 for f in files})
+
+
+class _CutOff(LocalTransport):
+    """A target whose connection drops after the first MiB of the stream."""
+
+    def run_stream_in(self, cmd, src, *, timeout=None):  # type: ignore[no-untyped-def]
+        if STAGING_RECEIVE in cmd.argv:
+            src.read(MiB)
+            raise TransportError(f"{self.host}: connection lost")
+        return super().run_stream_in(cmd, src, timeout=timeout)
+
+
+def test_a_target_whose_stream_breaks_off_does_not_stop_the_others(tmp_path: Path) -> None:
+    sp, files = _venv(tmp_path / "src", compressible=False)
+    cache = BlobCache(tmp_path / "cache")
+    good, cut = _dest(tmp_path, "good", files), _dest(tmp_path, "cut", files)
+    cut.transport = _CutOff(host="cut")
+    relay(LocalTransport(host="src"), str(sp), [cut, good], cache, python=PY)
+    assert cut.error is not None and "connection lost" in cut.error.message
+    assert good.error is None and set(_staged(good)) == {f.sha256 for f in files}
+    assert all(cache.verify(f.sha256) for f in files)
+
+
+def test_choice_flips_between_compressible_and_incompressible_data() -> None:
+    rng = random.Random(3)
+    random_data = [rng.randbytes(2 * MiB) for _ in range(4)]
+    text_data = [(b"cuda kernel %d " % i) * 150_000 for i in range(4)]
+    link = 125e6  # 1 Gbit/s
+    r_ratio, r_speed = wire.measure_local(random_data)
+    t_ratio, t_speed = wire.measure_local(text_data)
+    assert r_ratio < 1.05 and t_ratio > 5
+    assert not wire.choose(link, r_ratio, r_speed).compress
+    assert wire.choose(link, t_ratio, t_speed).compress
+    # the same compressible data over a link faster than the compressor: not worth it
+    assert not wire.choose(t_speed * 10, t_ratio, t_speed).compress
+
+
+@pytest.mark.parametrize("compressible", [True, False])
+def test_source_stream_compression_is_measured(tmp_path: Path, compressible: bool) -> None:
+    sp, files = _venv(tmp_path / "src", compressible=compressible)
+    cache = BlobCache(tmp_path / "cache")
+    d = _dest(tmp_path, "t", files)
+    # a 160 Mbit/s link: any compressor keeps ahead of it; only the data decides
+    rep = relay(LocalTransport(host="src"), str(sp), [d], cache, python=PY, link_bps=20e6)
+    assert rep.source_choice is not None and rep.source_choice.ratio is not None
+    assert rep.source_choice.compress is compressible, rep.source_choice
+    assert rep.fetched.compressed is compressible and d.forwarded.compressed is compressible
+    assert set(_staged(d)) == {f.sha256 for f in files}
+    if compressible:
+        assert rep.fetched.wire < rep.fetched.payload / 5
+
+
+def test_cache_level_is_measured_per_blob() -> None:
+    rng = random.Random(5)
+    assert level_for(rng.randbytes(MiB), 1) == STORE_LEVEL
+    assert level_for(b"abc" * 400_000, 1) == 1
+    assert level_for(b"tiny", 1) == 1  # too short to measure: the cache's level
