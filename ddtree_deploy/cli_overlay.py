@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from ddtree_deploy.cli_common import config_of, console, print_json, rich_console
+from ddtree_deploy.cli_text import plain
 from ddtree_deploy.config import Config
 from ddtree_deploy.errors import UsageError
 
@@ -16,6 +17,25 @@ app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_k
                   invoke_without_command=True, no_args_is_help=True)
 out = console(soft_wrap=True)
 err = console(stderr=True, soft_wrap=True)
+
+
+def _host_path(value: str | None, flag: str) -> str | None:
+    """A venv on a host is named by its absolute path (a relative one would be read
+    against some folder: refused, not guessed)."""
+    if value is not None and not value.startswith("/"):
+        raise UsageError(f"{flag} {value!r}: expected an absolute path on the host")
+    return value
+
+
+def check_sentence(check: Any) -> str:
+    """One of the lane's checks, as a sentence: `check torch_cuda passed: torch.version.cuda
+    is '13.0', expected '13.0'`."""
+    if not isinstance(check, dict):
+        return plain(f"check {check}")
+    ok = check.get("ok")
+    verdict = "passed" if ok is True else "FAILED" if ok is False else "was not run"
+    detail = check.get("detail")
+    return plain(f"check {check.get('check', '?')} {verdict}" + (f": {detail}" if detail else ""))
 
 
 def _target(config: Config, lane_name: str, host: str | None, venv: str | None
@@ -48,6 +68,8 @@ def overlay(
         return
     if abi is None:
         raise UsageError("--abi LANE is needed (e.g. --abi cu130)")
+    _host_path(venv, "--venv")
+    _host_path(from_venv, "--from-venv")
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.overlay.cache import BlobCache
     from ddtree_deploy.overlay.lane import load_lane
@@ -81,11 +103,11 @@ def overlay(
     if as_json:
         print_json(out, summary)
     else:
-        out.print(f"{host}:{target_venv}: lane {lane.lane} {result.result} "
-                  f"(fetched {summary['bytes_fetched']} B, pushed {summary['bytes_pushed']} B)",
-                  highlight=False)
+        out.print(plain(f"{host}:{target_venv}: lane {lane.lane} {result.result} "
+                        f"(fetched {summary['bytes_fetched']} B, pushed "
+                        f"{summary['bytes_pushed']} B)"), markup=False, highlight=False)
         for c in summary["checks"]:
-            out.print(f"  check {c}", highlight=False)
+            out.print(f"  {check_sentence(c)}", markup=False, highlight=False)
 
 
 @app.command("rollback")
@@ -96,12 +118,14 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...),
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.overlay import apply as remote_apply
 
+    _host_path(venv, "--venv")
     config = config_of(ctx)
     spec = config.host(host)
     with open_transport(config, spec) as t:
         outcome = remote_apply.rollback(t, venv, sudo=spec.use_sudo)
     FactsCache().drop(spec)
-    out.print(f"{host}:{venv}: {outcome.result}: {outcome.message}", highlight=False)
+    out.print(plain(f"{host}:{venv}: {outcome.result}: {outcome.message}"), markup=False,
+              highlight=False)
 
 
 @app.command("history")
@@ -112,6 +136,7 @@ def history(ctx: typer.Context, host: str = typer.Argument(...),
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.overlay import apply as remote_apply
 
+    _host_path(venv, "--venv")
     config = config_of(ctx)
     spec = config.host(host)
     venvs = [venv] if venv else [str(v.path) for v in spec.venvs.values()]
@@ -123,6 +148,6 @@ def history(ctx: typer.Context, host: str = typer.Argument(...),
         print_json(out, rows)
         return
     for v, entries in rows.items():
-        out.print(f"{host}:{v}: {len(entries)} entries", highlight=False)
+        out.print(plain(f"{host}:{v}: {len(entries)} entries"), markup=False, highlight=False)
         for e in entries:
-            out.print(f"  {json.dumps(e, sort_keys=True)}", highlight=False, markup=False)
+            out.print(plain(f"  {json.dumps(e, sort_keys=True)}"), highlight=False, markup=False)

@@ -21,6 +21,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from ddtree_deploy.cli_text import plain
+
 
 class ProgressSink(Protocol):
     def begin(self, host: str, what: str, total: int) -> int: ...
@@ -85,7 +87,7 @@ class RichProgress(_Hosts):
     def __init__(self, console: Console | None = None) -> None:
         super().__init__()
         self._progress = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),  # host names and paths: text
             BarColumn(),
             DownloadColumn(),
             TransferSpeedColumn(),
@@ -104,7 +106,7 @@ class RichProgress(_Hosts):
 
     def begin(self, host: str, what: str, total: int) -> int:
         task = self._add(host)
-        self._ids[task] = self._progress.add_task(f"{host} {what}", total=total)
+        self._ids[task] = self._progress.add_task(plain(f"{host} {what}"), total=total)
         return task
 
     def advance(self, task: int, nbytes: int) -> None:
