@@ -28,6 +28,7 @@ def build_app() -> "typer.Typer":
 
     from ddtree_deploy import (
         __version__,
+        cli_bench,
         cli_converge,
         cli_hosts,
         cli_inventory,
@@ -60,6 +61,7 @@ def build_app() -> "typer.Typer":
     app.add_typer(cli_overlay.app, name="overlay")
     app.add_typer(cli_hosts.app, name="hosts")
     app.add_typer(cli_lab.app, name="lab")
+    app.add_typer(cli_bench.app, name="bench")
 
     def _version(value: bool) -> None:
         if value:

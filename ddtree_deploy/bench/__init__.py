@@ -1,0 +1,1 @@
+"""`ddtree-deploy bench`: sweep server configurations on a deployed service, report, recommend."""

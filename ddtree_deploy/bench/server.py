@@ -1,0 +1,161 @@
+"""Bring the benched service up with one configuration's flags, and put back what was there.
+
+Two ways, one interface:
+
+- `SystemdControl` (hosts with systemd): the tool's own service machinery: the unit rendered
+  from the deployment with the configuration's flags, verified and installed atomically,
+  daemon-reload, restart, then the health probe. `restore` puts back the unit file that was
+  installed before, byte for byte (or removes the unit if there was none) and leaves it
+  running or stopped as it was; the result is read back and compared.
+- `PlainControl` (hosts without systemd, e.g. the H200 GPU host; the local transport only):
+  the same rendered unit run as a plain process (`service/plainproc.py`: ExecStart argv,
+  Environment=, WorkingDirectory=), its output in a log file, probed with `--pid/--log-file`;
+  `restore` stops the process it started. It never stops a process it did not start: a
+  port already taken is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ddtree_deploy import __version__
+from ddtree_deploy.errors import DeployError, RefusedError
+from ddtree_deploy.health.probe import ProbeTarget, Verdict, probe_service
+from ddtree_deploy.service.render import render_unit
+from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.base import ExecTransport
+
+
+class ServerControl(Protocol):
+    mode: str
+
+    def prepare(self) -> None: ...
+
+    def start(self, spec: ServiceSpec, key: str, deadline_s: float, warmup_s: float
+              ) -> tuple[Verdict, dict[str, Any]]: ...
+
+    def restore(self) -> str: ...
+
+
+def _probe(t: ExecTransport, target: ProbeTarget, deadline_s: float, warmup_s: float) -> Verdict:
+    return probe_service(t, target, deadline_s=deadline_s, warmup_s=warmup_s)
+
+
+def unit_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _target(spec: ServiceSpec, **extra: Any) -> ProbeTarget:
+    base = ProbeTarget.from_spec(spec)
+    values = {k: getattr(base, k) for k in ("port", "unit", "host", "name", "venv", "deployment",
+                                             "input_ids")}
+    values.update(extra)
+    return ProbeTarget(**values)
+
+
+@dataclass
+class SystemdControl:
+    t: ExecTransport
+    unit: str
+    mode: str = "systemd"
+    original: str | None = None
+    was_active: bool = False
+    prepared: bool = False
+
+    def prepare(self) -> None:
+        from ddtree_deploy.service import install
+
+        self.original = install.current_text(self.t, self.unit)
+        if self.original is not None and not install.is_managed(self.original):
+            raise RefusedError(f"{self.unit} on {self.t.host} was not created by ddtree-deploy; "
+                               "bench leaves it alone")
+        state = self.t.run(Command.of("systemctl", "is-active", self.unit), timeout=30)
+        self.was_active = state.stdout.strip() in ("active", "activating", "reloading")
+        self.prepared = True
+
+    def start(self, spec: ServiceSpec, key: str, deadline_s: float, warmup_s: float
+              ) -> tuple[Verdict, dict[str, Any]]:
+        from ddtree_deploy.service import install
+
+        text = render_unit(spec, tool_version=__version__)
+        install.install(self.t, self.unit, text)
+        install.restart(self.t, self.unit)
+        verdict = _probe(self.t, _target(spec), deadline_s, warmup_s)
+        return verdict, {"unit_sha256": unit_digest(text)}
+
+    def restore(self) -> str:
+        from ddtree_deploy.service import install
+
+        if not self.prepared:
+            return "nothing to restore"
+        if self.original is None:
+            install.down(self.t, self.unit, remove=True)
+            left = install.current_text(self.t, self.unit)
+            if left is not None:
+                raise DeployError(f"{self.unit} on {self.t.host}: could not remove the bench's "
+                                  "unit")
+            return f"{self.unit} removed (there was none before)"
+        install.install(self.t, self.unit, self.original)
+        back = install.current_text(self.t, self.unit)
+        if back != self.original:
+            raise DeployError(f"{self.unit} on {self.t.host}: the unit put back differs from the "
+                              "one installed before the bench")
+        if self.was_active:
+            install.restart(self.t, self.unit)
+            return f"{self.unit} put back byte for byte and restarted"
+        install._systemctl(self.t, "stop", self.unit, check=False)
+        return f"{self.unit} put back byte for byte (stopped, as it was)"
+
+
+@dataclass
+class PlainControl:
+    t: ExecTransport
+    log_dir: Path
+    mode: str = "plain"
+    pid: int | None = None
+    started: list[int] = field(default_factory=list)
+
+    def prepare(self) -> None:
+        if not _is_local(self.t):
+            raise RefusedError(f"{self.t.host}: plain-process mode runs servers on this machine "
+                               "only (the local transport)",
+                               hint="run bench on the host itself: ddtree-deploy bench localhost")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, spec: ServiceSpec, key: str, deadline_s: float, warmup_s: float
+              ) -> tuple[Verdict, dict[str, Any]]:
+        from ddtree_deploy.service import plainproc
+
+        self._stop()
+        text = render_unit(spec, tool_version=__version__)
+        cmd = plainproc.PlainCommand.from_unit(text)
+        log = self.log_dir / f"{key}.log"
+        self.pid = plainproc.start(cmd, str(log))
+        self.started.append(self.pid)
+        verdict = _probe(self.t, _target(spec, unit=None, pid=self.pid, log_file=str(log)),
+                         deadline_s, warmup_s)
+        return verdict, {"unit_sha256": unit_digest(text), "pid": self.pid, "log": str(log),
+                         "argv": list(cmd.argv)}
+
+    def _stop(self) -> None:
+        from ddtree_deploy.service import plainproc
+
+        if self.pid is not None:
+            plainproc.stop(self.pid, timeout=30.0)
+            self.pid = None
+
+    def restore(self) -> str:
+        if not self.started:
+            return "no server was started"
+        self._stop()
+        return f"stopped the bench's server process(es) {', '.join(map(str, self.started))}"
+
+
+def _is_local(t: ExecTransport) -> bool:
+    from ddtree_deploy.transport.local import LocalTransport
+
+    return isinstance(t, LocalTransport)

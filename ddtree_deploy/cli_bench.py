@@ -1,0 +1,195 @@
+"""`ddtree-deploy bench HOST [DEPLOYMENT]`, `bench report`, `bench recommend` (thin)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from ddtree_deploy.cli_common import config_of, console, is_tty, print_json, rich_console
+from ddtree_deploy.errors import ExitCode, UsageError
+
+
+class _BenchGroup(TyperGroup):
+    """`bench HOST ...` runs a sweep (`bench run HOST ...`); `bench report|recommend` as named."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and self.get_command(ctx, args[0]) is None and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
+                  help="Sweep DFlash / DDTree settings on a deployed service, chart and choose: "
+                       "`bench HOST [DEPLOYMENT]`, `bench report`, `bench recommend`.")
+out = console(soft_wrap=True)
+err = console(stderr=True, soft_wrap=True)
+DEFAULT_CONFIGS = "none,dflash,ddtree:15/8,ddtree:31/8"
+
+
+def _facts(config: Any, spec: Any, venvs: list[str]) -> Any:
+    from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.facts.gather import collect
+
+    (outcome,) = collect(config, [spec.name], cache=FactsCache(), refresh=True,
+                         extra_venvs={spec.name: venvs})
+    if outcome.value is None:
+        assert outcome.error is not None
+        raise outcome.error
+    return outcome.value
+
+
+def _say(text: str) -> None:
+    err.print(text, markup=False, highlight=False)
+
+
+@app.command("run")
+def run(
+    ctx: typer.Context,
+    host: str = typer.Argument(..., help="a host of the hosts file (localhost: this machine)"),
+    deployment: str = typer.Argument(None, help="the deployment to bench (default: the host's "
+                                                "only one)"),
+    grid_file: Path = typer.Option(None, "--grid", metavar="FILE",
+                                   help="a YAML grid (benchmarks/grids/*.yaml); overrides the "
+                                        "grid flags below"),
+    configs: str = typer.Option(DEFAULT_CONFIGS, "--configs",
+                                help="none, dflash, ddtree:BUDGET/TOPK, shadow:BUDGET/TOPK"),
+    concurrency: str = typer.Option("1,4,16", "--concurrency"),
+    sampling: str = typer.Option("greedy,sampled", "--sampling"),
+    workload_names: str = typer.Option("code,math,json,chat,agentic", "--workloads"),
+    requests: int = typer.Option(16, "--requests", min=1, max=10000,
+                                 help="requests per cell (agentic: sessions)"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, max=32768),
+    repeats: int = typer.Option(1, "--repeats", min=1, max=100),
+    time_limit: float = typer.Option(120.0, "--time-limit", min=1, max=86400,
+                                     help="seconds per cell: no new request after it"),
+    warmup_requests: int = typer.Option(2, "--warmup-requests", min=0, max=100),
+    prompts: str = typer.Option("auto", "--prompts", help="ids | text | auto"),
+    mode: str = typer.Option("auto", "--mode",
+                             help="auto | systemd | plain (a plain process with a log file, "
+                                  "for hosts without systemd; this machine only)"),
+    results_file: Path = typer.Option(None, "--results", metavar="FILE",
+                                      help="results JSON (default: the XDG state folder)"),
+    label: str = typer.Option(None, "--label", help="a note kept with the results, e.g. "
+                                                    "'synthetic: dummy weights'"),
+    deadline: float = typer.Option(900.0, "--deadline", min=1,
+                                   help="seconds for each start's probe"),
+    warmup: float = typer.Option(600.0, "--warmup", min=1,
+                                 help="seconds the probe's first tokens may take (JIT compiles)"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show what would run, run nothing"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Sweep the grid on HOST's service: restart per configuration, measure, put it back."""
+    from ddtree_deploy.bench import grid as gridmod
+    from ddtree_deploy.bench import workloads
+    from ddtree_deploy.bench.prepare import host_facts, pick_deployment, prepare
+    from ddtree_deploy.bench.results import Results, results_dir
+    from ddtree_deploy.bench.server import PlainControl, SystemdControl
+    from ddtree_deploy.bench.sweep import Hooks, make_plan, run_sweep
+    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.converge.lock import HostLock
+    from ddtree_deploy.transport import Command
+
+    if mode not in ("auto", "systemd", "plain"):
+        raise UsageError(f"--mode must be auto, systemd or plain, got {mode!r}")
+    if prompts not in ("ids", "text", "auto"):
+        raise UsageError(f"--prompts must be ids, text or auto, got {prompts!r}")
+    known = workloads.names()
+    if grid_file is not None:
+        grid = gridmod.load(grid_file, known)
+    else:
+        grid = gridmod.from_flags(configs, concurrency, sampling, workload_names, known,
+                                  requests=requests, max_new_tokens=max_new_tokens,
+                                  repeats=repeats, time_limit_s=time_limit,
+                                  warmup_requests=warmup_requests, prompts=prompts)
+    config = config_of(ctx)
+    spec_host = config.host(host)
+    dep = pick_deployment(config, spec_host, deployment)
+    venvs = [str(spec_host.venvs[dep.venv].path)] if dep else []
+    with open_transport(config, spec_host) as t:
+        facts = _facts(config, spec_host, venvs)
+        prepared = prepare(t, spec_host, facts, dep, grid)
+        base = prepared.base
+        if mode == "auto":
+            has_systemd = t.run(Command.of("test", "-d", "/run/systemd/system"), timeout=30).ok
+            mode = "systemd" if has_systemd else "plain"
+        path = results_file or results_dir(spec_host.name, base.name) / "results.json"
+        results = Results.open(path, host=spec_host.name, service=base.name)
+        results.data["host_facts"] = host_facts(facts, base)
+        results.data["grid"] = {"source": grid.source, "requests": grid.requests,
+                                "max_new_tokens": grid.max_new_tokens,
+                                "time_limit_s": grid.time_limit_s, "prompts": "ids"
+                                if prepared.ids else "text", "drafter_block": prepared.block}
+        if label:
+            results.data["label"] = label
+            results.data["synthetic"] = "synthetic" in label.lower()
+        plan = make_plan(grid, prepared.specs, results, ids=prepared.ids, vocab=prepared.vocab)
+        restarts = plan.configs_to_run()
+        summary: dict[str, Any] = {"host": spec_host.name, "service": base.name, "mode": mode,
+                                   "results": str(path), "csv": str(path.with_suffix(".csv")),
+                                   "to_measure": len(plan.todo), "already": plan.skipped,
+                                   "configs": [c.key for c in restarts],
+                                   "flags": {k: s.server_args() for k, s in plan.specs.items()}}
+        if not plan.todo:
+            _say(f"all {plan.skipped} cells of the grid are measured in {path}; nothing to run")
+            if as_json:
+                print_json(out, {**summary, "measured": 0})
+            return
+        what = "a plain process" if mode == "plain" else f"{base.unit_name}"
+        _say(f"bench will restart {what} on {spec_host.name} {len(restarts)} time(s) "
+             f"({', '.join(c.label for c in restarts)}) and measure {len(plan.todo)} cells "
+             f"({plan.skipped} already measured); the service is put back as it was at the end")
+        if dry_run:
+            if as_json:
+                print_json(out, {**summary, "dry_run": True})
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError("bench restarts the service: confirm on a terminal, or pass "
+                                 "--yes")
+            if not typer.confirm("Run the sweep?", default=False):
+                raise typer.Exit(int(ExitCode.FAILED))
+        control = (PlainControl(t, path.parent / "logs") if mode == "plain"
+                   else SystemdControl(t, base.unit_name))
+        with open_transport(config, spec_host) as lock_t, HostLock(lock_t, spec_host) as lock:
+            swept = _with_progress(lambda hooks: run_sweep(
+                t, control, plan, results, deadline_s=deadline, warmup_s=warmup,
+                hooks=hooks), len(plan.todo), lock.check, as_json)
+    summary.update(swept)
+    if as_json:
+        print_json(out, summary)
+    else:
+        _say(f"measured {swept['measured']} cells; results: {path} (+ .csv)")
+    if swept["unhealthy"]:
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _with_progress(body: Any, total: int, check_lock: Any, as_json: bool) -> dict[str, Any]:
+    from ddtree_deploy.bench.sweep import Hooks
+
+    if not is_tty(err):
+        hooks = Hooks(say=_say, check_lock=check_lock,
+                      cell_done=lambda c, m: _say(f"  {c.label}: {m['output_tok_s']} tok/s, "
+                                                  f"accept {m['accept_length']}, "
+                                                  f"failed {m['failed']}"))
+        result: dict[str, Any] = body(hooks)
+        return result
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=rich_console(err), transient=False) as bar:
+        task = bar.add_task("cells", total=total)
+
+        def done(cell: Any, m: dict[str, Any]) -> None:
+            bar.update(task, advance=1, description=cell.label)
+            bar.console.print(f"  {cell.label}: {m['output_tok_s']} tok/s, accept "
+                              f"{m['accept_length']}, failed {m['failed']}", markup=False,
+                              highlight=False)
+
+        result = body(Hooks(say=lambda m: bar.console.print(m, markup=False, highlight=False),
+                            cell_done=done, check_lock=check_lock))
+        return result
