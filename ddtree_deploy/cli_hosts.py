@@ -152,17 +152,23 @@ def trust(
                                           help="seconds to wait for the host"),
 ) -> None:
     """Show HOST's SSH key fingerprint and record it in known_hosts after confirmation."""
-    from ddtree_deploy.transport.hostkeys import trust_host
+    from ddtree_deploy.transport.hostkeys import HostKeyChangedError
+    from ddtree_deploy.transport.hostscan import trust_host
+    from ddtree_deploy.transport.openssh import end_masters_for
 
     target = resolve(ctx, host)
-    outcome = trust_host(
-        target.address,
-        target.port,
-        target.known_hosts,
-        confirm=(lambda _q: True) if yes else _ask,
-        timeout=connect_timeout,
-        label=target.label,
-    )
+    try:
+        outcome = trust_host(
+            target.address,
+            target.port,
+            target.known_hosts,
+            confirm=(lambda _q: True) if yes else _ask,
+            timeout=connect_timeout,
+            label=target.label,
+        )
+    except HostKeyChangedError:
+        end_masters_for(target.address, target.port)  # facts must not read the old host
+        raise
     shown = f"{outcome.name}: {outcome.keytype} {outcome.fingerprint}"
     if outcome.status == "already-known":
         typer.echo(f"{shown} is already known ({outcome.known_hosts}); nothing to do")

@@ -70,6 +70,7 @@ class Sshd:
     proc: subprocess.Popen[bytes] | None = None
     users: list[str] = field(default_factory=list)
     max_sessions: int = 100
+    host_ca: Path | None = None  # a CA key: the host also presents a certificate signed by it
 
     @property
     def host_key(self) -> Path:
@@ -96,6 +97,12 @@ class Sshd:
         self.workdir.mkdir(parents=True, exist_ok=True)
         keygen(self.host_key)
         keygen(self.client_key)
+        extra = []
+        if self.host_ca is not None:
+            subprocess.run(["ssh-keygen", "-q", "-s", str(self.host_ca), "-I", "test-host", "-h",
+                            "-n", "127.0.0.1", str(self.host_key.with_suffix(".pub"))],
+                           check=True, stdin=subprocess.DEVNULL, capture_output=True)
+            extra.append(f"HostCertificate {self.host_key}-cert.pub")
         self.authorize("root")
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         self.port = free_port()
@@ -119,6 +126,7 @@ class Sshd:
                     f"MaxSessions {self.max_sessions}",
                     "LogLevel ERROR",
                     f"Subsystem sftp {SFTP_SERVER}",
+                    *extra,
                     "",
                 ]
             )

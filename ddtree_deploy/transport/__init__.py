@@ -12,22 +12,17 @@ from typing import TYPE_CHECKING, Any
 from ddtree_deploy.transport.base import Command, ExecTransport, Result, Transport
 
 if TYPE_CHECKING:
-    from ddtree_deploy.transport.hostkeys import (
-        KnownHosts,
-        TrustResult,
-        fingerprint,
-        host_key_name,
-        trust_host,
-    )
+    from ddtree_deploy.transport.hostkeys import KnownHosts, fingerprint, host_key_name
+    from ddtree_deploy.transport.hostscan import TrustResult, trust_host
     from ddtree_deploy.transport.local import LocalTransport
     from ddtree_deploy.transport.ssh import SshTransport, sftp_upload
 
 _LAZY = {
     "KnownHosts": "hostkeys",
-    "TrustResult": "hostkeys",
+    "TrustResult": "hostscan",
     "fingerprint": "hostkeys",
     "host_key_name": "hostkeys",
-    "trust_host": "hostkeys",
+    "trust_host": "hostscan",
     "LocalTransport": "local",
     "SshTransport": "ssh",
     "sftp_upload": "ssh",

@@ -1,8 +1,21 @@
-"""known_hosts handling: our own parser, OpenSSH fingerprints, strict checks, trust.
+"""known_hosts: one reading for both SSH paths, the paramiko one and the OpenSSH client.
 
-paramiko's HostKeys raises on `@cert-authority` lines, so the file is parsed
-here: plain and hashed (`|1|salt|hash`) host fields, `*`/`?` patterns and `!`
-negations, `@revoked` keys (refused) and `@cert-authority` lines (kept, unused).
+Both transports decide with `KnownHosts.check`. The paramiko transport calls it on the key
+the server offers, before authenticating. The OpenSSH transport never lets ssh read the
+user's file: it gives ssh a file of exactly the keys `check` accepts for this host
+(`pinned_text`, under the fixed HostKeyAlias `PIN_ALIAS`), so patterns, ports, `%` tokens or
+whitespace in the file's path cannot mean something else there. Both offer the same host key
+algorithms in the same order (`host_key_algorithms`), so both see the same key.
+
+The file is parsed here (paramiko's HostKeys raises on `@cert-authority`): plain and hashed
+(`|1|salt|hash`) host fields, `*`/`?` patterns and `!` negations. What counts:
+- a line naming `addr` (port 22) or `[addr]:port`, whose key type is the key's own;
+- `@revoked`: that key is refused for every host, whatever the line's host field;
+- `@cert-authority`: not honoured (paramiko cannot verify host certificates): a host known
+  only through one is refused, with a message saying so;
+- a port-less line for a host on another port counts for port 22 only: refused, and the
+  message says how to record the key.
+This module loads no paramiko: the facts path (OpenSSH) reads known_hosts too.
 """
 
 from __future__ import annotations
@@ -11,16 +24,30 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import re
-import socket
-from collections.abc import Callable
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-import paramiko
+from ddtree_deploy.errors import HostKeyError
 
-from ddtree_deploy.errors import HostKeyError, TransportError, UnreachableError
+MAX_BYTES = 16 << 20  # a known_hosts file larger than this is refused, not read
+PIN_ALIAS = "ddtree-deploy-pinned"  # the name ssh looks the host up under, in the pinned file
+# The host key algorithms both transports offer, in paramiko's order. No certificate types:
+# paramiko cannot verify a host certificate, so neither path asks for one.
+HOST_KEY_ALGORITHMS = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "rsa-sha2-512",
+    "rsa-sha2-256",
+)
+
+
+class HostKeyChangedError(HostKeyError):
+    """The host offers another key than the one recorded: kept connections to it must end."""
 
 
 def host_key_name(address: str, port: int) -> str:
@@ -42,6 +69,12 @@ def key_type_of(blob: bytes) -> str:
     return blob[4 : 4 + size].decode("ascii", errors="replace")
 
 
+def _algorithms_of(keytype: str) -> list[str]:
+    if keytype == "ssh-rsa":
+        return ["rsa-sha2-512", "rsa-sha2-256"]
+    return [keytype] if keytype in HOST_KEY_ALGORITHMS else []
+
+
 @dataclass(frozen=True)
 class KnownKey:
     keytype: str
@@ -54,9 +87,16 @@ class KnownKey:
         return fingerprint(self.blob)
 
 
+def host_key_algorithms(recorded: list[KnownKey]) -> list[str]:
+    """What both transports offer: the recorded keys' algorithms (the server must show one of
+    those), else, with none recorded or none of a supported type, all of them."""
+    wanted = {a for key in recorded for a in _algorithms_of(key.keytype)}
+    return [a for a in HOST_KEY_ALGORITHMS if a in wanted] or list(HOST_KEY_ALGORITHMS)
+
+
 @dataclass(frozen=True)
 class _Entry:
-    hosts: tuple[str, ...]
+    field: str
     key: KnownKey
 
 
@@ -87,19 +127,37 @@ def _match_field(field: str, name: str) -> bool:
     return matched
 
 
+def _read(path: Path) -> str:
+    """The file's text; a missing file is empty. Never blocks: a FIFO, a device or a folder is
+    refused (opened non-blocking, then checked)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise HostKeyError(f"cannot read known_hosts file {path}: {reason}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HostKeyError(f"known_hosts file {path} is not a regular file; refusing to "
+                               "read host keys from it", hint="point known_hosts at a file")
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError as exc:
+        raise HostKeyError(f"cannot read known_hosts file {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise HostKeyError(f"known_hosts file {path} is larger than {MAX_BYTES >> 20} MiB")
+    return data.decode("utf-8", errors="replace")
+
+
 class KnownHosts:
     """One known_hosts file, read once; `append` writes a new line to it."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._entries: list[_Entry] = []
-        try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            text = ""
-        except OSError as exc:
-            raise TransportError(f"cannot read known_hosts file {self.path}: {exc}") from exc
-        for number, raw in enumerate(text.splitlines(), start=1):
+        for number, raw in enumerate(_read(self.path).splitlines(), start=1):
             entry = self._parse(raw, number)
             if entry is not None:
                 self._entries.append(entry)
@@ -112,28 +170,89 @@ class KnownHosts:
         marker = None
         if parts[0].startswith("@"):
             marker, parts = parts[0], parts[1:]
+            if marker not in ("@revoked", "@cert-authority"):
+                return None  # as OpenSSH: a line with an unknown marker is skipped
         if len(parts) < 3:
             return None  # malformed lines are skipped, as OpenSSH does
         try:
             blob = base64.b64decode(parts[2], validate=True)
         except (ValueError, binascii.Error):
             return None
-        return _Entry(tuple(parts[0:1]), KnownKey(parts[1], blob, number, marker))
+        if key_type_of(blob) != parts[1]:
+            return None  # as OpenSSH: the type named must be the key's own
+        return _Entry(parts[0], KnownKey(parts[1], blob, number, marker))
+
+    def _matching(self, name: str, marker: str | None) -> list[KnownKey]:
+        return [e.key for e in self._entries
+                if e.key.marker == marker and _match_field(e.field, name)]
 
     def lookup(self, address: str, port: int) -> list[KnownKey]:
         """The keys recorded for this address and port (no marker lines)."""
-        name = host_key_name(address, port)
-        return [
-            e.key
-            for e in self._entries
-            if e.key.marker is None and any(_match_field(h, name) for h in e.hosts)
-        ]
+        return self._matching(host_key_name(address, port), None)
+
+    def revoked(self, blob: bytes) -> KnownKey | None:
+        """The `@revoked` line of this key, whatever host it names."""
+        return next((e.key for e in self._entries
+                     if e.key.marker == "@revoked" and e.key.blob == blob), None)
 
     def is_revoked(self, blob: bytes) -> bool:
-        return any(e.key.marker == "@revoked" and e.key.blob == blob for e in self._entries)
+        return self.revoked(blob) is not None
+
+    def check(self, label: str, address: str, port: int, blob: bytes) -> None:
+        """Accept the offered key only when this file records exactly it for this host and does
+        not revoke it; else the HostKeyError both transports raise."""
+        name = host_key_name(address, port)
+        revoked = self.revoked(blob)
+        if revoked is not None:
+            raise revoked_key_error(label, name, blob, self.path, revoked.line)
+        recorded = self.lookup(address, port)
+        if any(k.blob == blob for k in recorded):
+            return
+        if recorded:
+            raise changed_key_error(label, name, blob, recorded, self.path)
+        raise self.unknown_error(label, address, port, blob)
+
+    def unknown_error(self, label: str, address: str, port: int,
+                      blob: bytes | None) -> HostKeyError:
+        """No key recorded for the host: why (a port-less line, a @cert-authority line)."""
+        name = host_key_name(address, port)
+        offered = f" ({key_type_of(blob)} {fingerprint(blob)})" if blob else ""
+        notes = []
+        portless = self._matching(address, None) if port != 22 else []
+        if portless:
+            lines = ", ".join(str(k.line) for k in portless)
+            notes.append(f"{self.path} line {lines} records {address} without a port, which "
+                         f"means port 22 only: for port {port} the key must be recorded as "
+                         f"{name}")
+        cas = self._matching(name, "@cert-authority")
+        if port != 22:
+            cas += [k for k in self._matching(address, "@cert-authority") if k not in cas]
+        if cas:
+            lines = ", ".join(str(k.line) for k in cas)
+            notes.append(f"{self.path} line {lines} is a @cert-authority line for this host, "
+                         "but host certificates are not supported: paramiko cannot verify "
+                         "them, so neither SSH path accepts a host on a certificate alone")
+        message = f"{label}: the host key of {name} is not known{offered}; refusing to connect"
+        return HostKeyError(
+            "; ".join([message, *notes]),
+            hint=f"check the key, then run `ddtree-deploy hosts trust {label}` (it records "
+            f"the host's own key as {name} in {self.path})",
+        )
+
+    def pinned_text(self, address: str, port: int) -> str:
+        """A known_hosts file for ssh with exactly what `check` accepts for this host, under
+        PIN_ALIAS: its recorded keys, and every revoked key. Its first line names the host."""
+        lines = [pinned_header(address, port)]
+        lines += [f"{PIN_ALIAS} {k.keytype} {base64.b64encode(k.blob).decode()}"
+                  for k in self.lookup(address, port)]
+        lines += [f"@revoked * {e.key.keytype} {base64.b64encode(e.key.blob).decode()}"
+                  for e in self._entries if e.key.marker == "@revoked"]
+        return "\n".join(lines) + "\n"
 
     def append(self, address: str, port: int, keytype: str, blob: bytes) -> str:
         """Append `name keytype base64` to the file (created 0600 in a 0700 folder)."""
+        from ddtree_deploy.errors import TransportError
+
         line = f"{host_key_name(address, port)} {keytype} {base64.b64encode(blob).decode()}"
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -147,160 +266,44 @@ class KnownHosts:
             self.path.chmod(0o600)
         except OSError as exc:
             raise TransportError(f"cannot write known_hosts file {self.path}: {exc}") from exc
-        self._entries.append(_Entry((host_key_name(address, port),), KnownKey(keytype, blob, 0)))
+        name = host_key_name(address, port)
+        self._entries.append(_Entry(name, KnownKey(keytype, blob, 0)))
         return line
 
 
-def unknown_key_error(label: str, name: str, key: paramiko.PKey, path: Path) -> HostKeyError:
-    return HostKeyError(
-        f"{label}: the host key of {name} is not known ({key.get_name()} "
-        f"{fingerprint(key.asbytes())}); refusing to connect",
-        hint=f"check the key, then run `ddtree-deploy hosts trust {label}` "
-        f"(known_hosts file: {path})",
-    )
+def pinned_header(address: str, port: int) -> str:
+    """The first line of a pinned file: which host it is for (found again by
+    `openssh.end_masters_for`)."""
+    name = host_key_name(address, port).encode("unicode_escape").decode("ascii")
+    return f"# ddtree-deploy pinned keys of {name}"
 
 
 def changed_key_error(
     label: str, name: str, offered: bytes, known: list[KnownKey], path: Path
 ) -> HostKeyError:
     old = ", ".join(f"{k.keytype} {k.fingerprint} (line {k.line})" for k in known)
-    return HostKeyError(
-        f"{label}: HOST KEY CHANGED for {name}: known {old}; offered now "
+    return HostKeyChangedError(
+        f"{label}: HOST KEY CHANGED for {name}: expected {old}; offered now "
         f"{key_type_of(offered)} {fingerprint(offered)}. Refusing to connect.",
         hint=f"if the change is expected (host reinstalled), remove the old line from {path}, "
         f"then run `ddtree-deploy hosts trust {label}`",
     )
 
 
-def revoked_key_error(label: str, name: str, offered: bytes, path: Path) -> HostKeyError:
+def revoked_key_error(label: str, name: str, offered: bytes, path: Path,
+                      line: int) -> HostKeyError:
     return HostKeyError(
-        f"{label}: the host key of {name} ({fingerprint(offered)}) is marked @revoked in {path}"
+        f"{label}: the host key of {name} ({key_type_of(offered)} {fingerprint(offered)}) is "
+        f"marked @revoked in {path} (line {line}); refusing to connect"
     )
 
 
-def check_key(label: str, address: str, port: int, key: paramiko.PKey, known: KnownHosts) -> None:
-    """Accept `key` only when known_hosts records exactly it for this host."""
-    name = host_key_name(address, port)
-    blob = key.asbytes()
-    if known.is_revoked(blob):
-        raise revoked_key_error(label, name, blob, known.path)
-    recorded = known.lookup(address, port)
-    if any(k.blob == blob for k in recorded):
-        return
-    if recorded:
-        raise changed_key_error(label, name, blob, recorded, known.path)
-    raise unknown_key_error(label, name, key, known.path)
-
-
-def preferred_key_types(recorded: list[KnownKey]) -> list[str]:
-    """Host key algorithms to offer so the server shows a key type we know."""
-    types: list[str] = []
-    for key in recorded:
-        names = (
-            ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]
-            if key.keytype == "ssh-rsa"
-            else [key.keytype]
-        )
-        types += [n for n in names if n not in types]
-    return types
-
-
-def connect_socket(label: str, address: str, port: int, timeout: float) -> socket.socket:
-    """A TCP connection, or UnreachableError within `timeout` seconds."""
-    where = f"{label} ({address}:{port})"
-    try:
-        sock = socket.create_connection((address, port), timeout=timeout)
-        # SSH messages are small and answered: without TCP_NODELAY, Nagle's algorithm and
-        # the peer's delayed ACK hold each command's last packet for about 40 ms.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-    except TimeoutError as exc:
-        raise UnreachableError(f"{where} unreachable: no answer within {timeout:g}s") from exc
-    except socket.gaierror as exc:
-        raise UnreachableError(f"{where} unreachable: cannot resolve {address}: {exc}") from exc
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise UnreachableError(
-            f"{where} unreachable: {reason.lower()} (connect timeout {timeout:g}s)"
-        ) from exc
-
-
-def scan_key(
-    label: str,
-    address: str,
-    port: int,
-    *,
-    timeout: float,
-    key_types: list[str] | None = None,
-) -> paramiko.PKey:
-    """Read the host key the server presents, without authenticating."""
-    sock = connect_socket(label, address, port, timeout)
-    transport = paramiko.Transport(sock)
-    transport.banner_timeout = timeout
-    if key_types:
-        options = transport.get_security_options()
-        supported = [t for t in key_types if t in options.key_types]
-        if supported:
-            options.key_types = supported
-    try:
-        transport.start_client(timeout=timeout)
-        return transport.get_remote_server_key()
-    except paramiko.SSHException as exc:
-        text = str(exc)
-        if "banner" in text.lower() or not transport.remote_version:
-            raise UnreachableError(
-                f"{label} ({address}:{port}) unreachable: no SSH banner within {timeout:g}s"
-            ) from exc
-        raise TransportError(f"{label} ({address}:{port}): SSH handshake failed: {text}") from exc
-    except (OSError, EOFError) as exc:
-        raise UnreachableError(
-            f"{label} ({address}:{port}) unreachable: connection closed during handshake"
-        ) from exc
-    finally:
-        transport.close()
-        sock.close()
-
-
-@dataclass(frozen=True)
-class TrustResult:
-    status: Literal["added", "already-known", "declined"]
-    name: str
-    keytype: str
-    fingerprint: str
-    known_hosts: Path
-
-
-def trust_host(
-    address: str,
-    port: int,
-    known_hosts: Path,
-    *,
-    confirm: Callable[[str], bool],
-    timeout: float,
-    label: str | None = None,
-) -> TrustResult:
-    """Fetch a host's key, show it, and record it after confirmation.
-
-    A key already recorded is reported as such; a different key than the one
-    recorded is refused with both fingerprints (HostKeyError).
-    """
-    label = label or address
-    known = KnownHosts(known_hosts)
-    recorded = known.lookup(address, port)
-    key = scan_key(
-        label, address, port, timeout=timeout, key_types=preferred_key_types(recorded) or None
+def no_common_type_error(label: str, name: str, recorded: list[KnownKey],
+                         path: Path) -> HostKeyError:
+    known = ", ".join(f"{k.keytype} {k.fingerprint} (line {k.line})" for k in recorded)
+    return HostKeyChangedError(
+        f"{label}: the host no longer offers a key of the type recorded for {name} "
+        f"({known}); refusing to connect",
+        hint=f"check the host; if it was reinstalled, remove the old line from {path}, then "
+        f"run `ddtree-deploy hosts trust {label}`",
     )
-    name = host_key_name(address, port)
-    blob = key.asbytes()
-    fp = fingerprint(blob)
-    if known.is_revoked(blob):
-        raise revoked_key_error(label, name, blob, known.path)
-    if any(k.blob == blob for k in recorded):
-        return TrustResult("already-known", name, key.get_name(), fp, known.path)
-    if recorded:
-        raise changed_key_error(label, name, blob, recorded, known.path)
-    question = f"{name} offers a {key.get_name()} key {fp}. Record it in {known.path}?"
-    if not confirm(question):
-        return TrustResult("declined", name, key.get_name(), fp, known.path)
-    known.append(address, port, key.get_name(), blob)
-    return TrustResult("added", name, key.get_name(), fp, known.path)

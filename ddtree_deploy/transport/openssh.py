@@ -10,9 +10,14 @@ only a session on it.
 Each command is one `ssh` run with ControlMaster=auto: through the master when one answers,
 else that run connects and leaves the master behind. Exit 255 is the command's own status
 while the master answers; otherwise it is ssh's own failure, mapped here from what ssh printed:
-unreachable, host key unknown/changed/revoked, authentication, connection lost. Host keys are
-checked by OpenSSH against the host's known_hosts file only, strictly (as the paramiko
-transport does).
+unreachable, host key unknown/changed/revoked, authentication, connection lost.
+
+Host keys: ssh never reads the host's known_hosts file itself. hostkeys.KnownHosts reads it, as
+for the paramiko transport, and writes the keys it accepts for this host to a pinned file
+beside the master's socket (`kh-...`, the host's name on its first line), which ssh checks
+strictly under a fixed HostKeyAlias, offering the host key algorithms paramiko offers. When
+ssh refuses the key, the offered key is read again (without authenticating) to raise the
+very error the paramiko transport raises; a changed key ends every master kept to that host.
 
 Masters' sockets live in a private folder of the user (mode 0700); `disconnect` ends them.
 """
@@ -31,6 +36,15 @@ from typing import BinaryIO
 
 from ddtree_deploy.errors import AuthError, HostKeyError, TransportError, UnreachableError
 from ddtree_deploy.transport.base import ExecTransport, RawOutcome
+from ddtree_deploy.transport.hostkeys import (
+    PIN_ALIAS,
+    HostKeyChangedError,
+    KnownHosts,
+    host_key_algorithms,
+    host_key_name,
+    no_common_type_error,
+    pinned_header,
+)
 from ddtree_deploy.transport.local import run_process
 
 SSH_LOST = 255  # what ssh exits with when it, not the command, failed
@@ -42,6 +56,9 @@ SOCKET_PATH_MAX = 103 - 17
 SOCKET_NAME_LEN = len("cm-") + 20
 
 
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+
+
 def control_dir() -> Path:
     """The user's private folder for master sockets: under $XDG_RUNTIME_DIR, else the temporary
     folder, else /tmp, the first where a socket's path stays short enough."""
@@ -49,7 +66,8 @@ def control_dir() -> Path:
     bases = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
     bases += [Path(tempfile.gettempdir()), Path("/tmp")]  # noqa: S108 - a private folder in it
     name = f"ddtree-deploy-ssh-{os.getuid()}"
-    fits = [b for b in bases if len(str(b / name)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX]
+    fits = [b for b in bases if len(str(b / name)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX
+            and _PLAIN_PATH.fullmatch(str(b))]  # ssh expands %, splits at spaces
     if not fits:
         raise TransportError(f"no folder short enough for SSH control sockets ({bases[0]})")
     folder = fits[0] / name
@@ -99,7 +117,15 @@ class OpenSshTransport(ExecTransport):
         self._where = f"{self.host} ({target}{'' if port is None else f':{port}'})"
         key = "\0".join(str(x) for x in (user, target, port, known_hosts, identity_file,
                                           load_ssh_config))
-        self.control_path = control_dir() / f"cm-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+        folder = control_dir()
+        self.control_path = folder / f"cm-{digest}"
+        self.pinned_path = folder / f"kh-{digest}"
+        self._ssh = ssh
+        self._port = port
+        self._load_ssh_config = load_ssh_config
+        self._algorithms: list[str] | None = None  # once the pinned file is written
+        self._endpoint: tuple[str, int, bool] | None = None
         opts = [] if load_ssh_config else ["-F", "none"]  # as paramiko: no ~/.ssh/config
         if port is not None:
             opts += ["-p", str(port)]
@@ -107,10 +133,12 @@ class OpenSshTransport(ExecTransport):
             opts += ["-l", user]
         if identity_file is not None:
             opts += ["-i", str(identity_file), "-o", "IdentitiesOnly=yes"]
+        self._config_opts = list(opts)
         opts += [
             "-o", "BatchMode=yes",
             "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={self._quoted(self.known_hosts)}",
+            "-o", f"HostKeyAlias={PIN_ALIAS}",
+            "-o", f"UserKnownHostsFile={self.pinned_path}",
             "-o", "GlobalKnownHostsFile=/dev/null",
             # only that file, never written (older clients' defaults add IP lines, rotate
             # keys or ask DNS): as the paramiko transport checks
@@ -128,10 +156,84 @@ class OpenSshTransport(ExecTransport):
         self._closed = False
         self._uid: int | None = 0 if user == "root" else None
 
-    @staticmethod
-    def _quoted(path: Path) -> str:
-        text = str(path)
-        return f'"{text}"' if " " in text else text
+    # -- host keys ------------------------------------------------------------
+
+    def endpoint(self) -> tuple[str, int, bool]:
+        """(address, port) ssh connects to, and whether directly: for an ~/.ssh/config alias
+        as `ssh -G` reads it (HostName, Port, ProxyJump/ProxyCommand)."""
+        if self._endpoint is None:
+            if not self._load_ssh_config:
+                self._endpoint = (self.target, self._port or 22, True)
+            else:
+                self._endpoint = self._resolve()
+        return self._endpoint
+
+    def _resolve(self) -> tuple[str, int, bool]:
+        try:
+            done = subprocess.run([self._ssh, *self._config_opts, "-G", "--", self.target],
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                                  check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"{self._where}: `ssh -G` did not answer") from exc
+        found = dict(line.split(" ", 1) for line in done.stdout.decode("utf-8", "replace")
+                     .splitlines() if " " in line)
+        if done.returncode != 0 or "hostname" not in found:
+            raise TransportError(f"{self._where}: cannot read its SSH settings: "
+                                 f"{_last_line(done.stderr.decode('utf-8', 'replace'))}")
+        direct = found.get("proxycommand", "none") == "none" \
+            and found.get("proxyjump", "none") == "none"
+        return found["hostname"], int(found.get("port", "22")), direct
+
+    def _pin(self) -> list[str]:
+        """Write the pinned file (when its text changed); the host key algorithms to offer."""
+        if self._algorithms is None:
+            address, port, _ = self.endpoint()
+            known = KnownHosts(self.known_hosts)
+            text = known.pinned_text(address, port)
+            try:
+                old = self.pinned_path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                old = None
+            if old != text:
+                fd, tmp = tempfile.mkstemp(dir=self.pinned_path.parent, prefix=".kh-")
+                try:
+                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                        fh.write(text)
+                    os.replace(tmp, self.pinned_path)
+                except OSError as exc:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise TransportError(f"cannot write {self.pinned_path}: {exc}") from exc
+            self._algorithms = host_key_algorithms(known.lookup(address, port))
+        return self._algorithms
+
+    def _host_key_error(self, text: str, fallback: TransportError) -> TransportError:
+        """ssh refused the host key (or failed without saying why: it logs a failed algorithm
+        negotiation below LogLevel ERROR): the paramiko transport's error for the same key,
+        read again without authenticating where ssh connects directly, else ssh's words."""
+        from ddtree_deploy.transport.hostscan import scan_key
+
+        address, port, direct = self.endpoint()
+        known = KnownHosts(self.known_hosts)
+        recorded = known.lookup(address, port)
+        name = host_key_name(address, port)
+        error: TransportError = fallback
+        if "no matching host key type" in text and recorded:
+            error = no_common_type_error(self.host, name, recorded, known.path)
+        elif direct:
+            try:
+                key = scan_key(self.host, address, port, timeout=self.connect_timeout,
+                               algorithms=host_key_algorithms(recorded))
+                known.check(self.host, address, port, key.asbytes())
+            except HostKeyError as exc:
+                error = exc
+            except TransportError as exc:
+                if recorded and "host key" in str(exc).lower():
+                    error = no_common_type_error(self.host, name, recorded, known.path)
+                # else: gone since, or not SSH: ssh's own words
+        if isinstance(error, HostKeyChangedError) or "IDENTIFICATION HAS CHANGED" in text:
+            end_masters_for(address, port)
+        return error
 
     # -- the master -----------------------------------------------------------
 
@@ -180,8 +282,10 @@ class OpenSshTransport(ExecTransport):
         # auto: through the master when one answers, else this ssh connects, forks the master
         # to the background (its output to /dev/null) and runs the command through it. A stale
         # socket is removed by ssh itself.
-        argv = [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={self._persist}s",
-                "-T", "-e", "none", "--", self.target, script]
+        algorithms = ",".join(self._pin())
+        argv = [*self._base, "-o", f"HostKeyAlgorithms={algorithms}", "-o", "ControlMaster=auto",
+                "-o", f"ControlPersist={self._persist}s", "-T", "-e", "none", "--", self.target,
+                script]
         # Killing the client at the deadline ends the session; the host's side is bounded by
         # the command's own timeout wrapper.
         outcome = run_process(argv, stdin=stdin, stdout=stdout, deadline=deadline,
@@ -192,8 +296,11 @@ class OpenSshTransport(ExecTransport):
                 raise TransportError(f"{self._where}: the server refused a session: "
                                      f"{_last_line(text)}")
             if not self.alive():  # ssh's own failure: connecting, or the connection was lost
-                raise map_ssh_error(self.host, self._where, text, self.known_hosts,
-                                    self.connect_timeout)
+                error = map_ssh_error(self.host, self._where, text, self.known_hosts,
+                                      self.connect_timeout)
+                if isinstance(error, HostKeyError) or type(error) is TransportError:
+                    error = self._host_key_error(text, error)
+                raise error
             # else: the command itself exited 255 (or was killed by a signal)
         return outcome
 
@@ -203,6 +310,8 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "ssh exited 255 with no message"
 
 
+_NOT_SSH = re.compile(r"kex_exchange_identification: (Connection closed|read: Connection reset)|"
+                      r"banner exchange: .*invalid format")
 _UNREACHABLE = re.compile(
     r"Connection refused|Connection timed out|No route to host|Network is unreachable|"
     r"Could not resolve hostname|Name or service not known|Connection closed by|"
@@ -233,10 +342,35 @@ def map_ssh_error(label: str, where: str, text: str, known_hosts: Path,
         return AuthError(f"{label}: authentication to {where} failed: {_last_line(text)}",
                          hint="check the user and identity file (and that its public key is "
                          "in the host's authorized_keys)")
+    if _NOT_SSH.search(text):
+        return UnreachableError(f"{where} unreachable: the server closed the connection without "
+                                f"an SSH banner (is an SSH server on that port?): "
+                                f"{_last_line(text)}")
     if _UNREACHABLE.search(text):
         return UnreachableError(f"{where} unreachable: {_last_line(text)} "
                                 f"(connect timeout {timeout:g}s)")
     return TransportError(f"{where}: SSH connection failed: {_last_line(text)}")
+
+
+def end_masters_for(address: str, port: int) -> int:
+    """End every master kept to this host (any user, key or known_hosts file): their pinned
+    files name it. How many answered."""
+    header = pinned_header(address, port)
+    try:
+        folder = control_dir()
+    except TransportError:
+        return 0
+    ended = 0
+    for pinned in sorted(folder.glob("kh-*")):
+        try:
+            with pinned.open(encoding="utf-8", errors="replace") as fh:
+                first = fh.readline().rstrip("\n")
+        except OSError:
+            continue
+        sock = folder / f"cm-{pinned.name[3:]}"
+        if first == header and sock.exists():
+            ended += end_master(sock)
+    return ended
 
 
 def end_master(sock: Path) -> bool:

@@ -27,27 +27,34 @@ from ddtree_deploy.errors import (
 )
 from ddtree_deploy.transport.base import CHUNK, ExecTransport, RawOutcome
 from ddtree_deploy.transport.hostkeys import (
+    HostKeyChangedError,
     KnownHosts,
-    check_key,
-    connect_socket,
+    host_key_algorithms,
     host_key_name,
-    preferred_key_types,
-    unknown_key_error,
+    no_common_type_error,
+)
+from ddtree_deploy.transport.hostscan import (
+    WIRE_LOG,
+    connect_socket,
+    handshake_error,
+    new_transport,
 )
 
 EOF_GRACE = 1.0  # seconds of silence after the exit status before output counts as complete
 Uploader = Callable[["SshTransport", BinaryIO, str, "int | None"], int]
 
 
-class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
-    """Replaces fabric's AutoAddPolicy: an unknown key is an error, never added."""
+class _Verify(paramiko.MissingHostKeyPolicy):
+    """Replaces fabric's AutoAddPolicy. paramiko's own host keys are left empty, so it asks
+    this for every key, before authenticating: the one check both SSH paths make
+    (KnownHosts.check); nothing is ever added."""
 
-    def __init__(self, label: str, path: Path) -> None:
-        self._label = label
-        self._path = path
+    def __init__(self, label: str, address: str, port: int, known: KnownHosts) -> None:
+        self._where = (label, address, port)
+        self._known = known
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
-        raise unknown_key_error(self._label, hostname, key, self._path)
+        self._known.check(*self._where, key.asbytes())
 
 
 def _fabric_config(ssh_config: Path | None, load_ssh_config: bool) -> fabric.Config:
@@ -160,32 +167,28 @@ class SshTransport(ExecTransport):
             transport = self._conn.client.get_transport()
             if transport is not None and transport.is_active():
                 return transport
-            known = KnownHosts(self.known_hosts)
-            recorded = known.lookup(self.address, self.port)
             try:
-                self._connect(known, recorded)
+                self._connect(KnownHosts(self.known_hosts))
+            except HostKeyChangedError:
+                self._conn.client.close()
+                from ddtree_deploy.transport.openssh import end_masters_for
+
+                end_masters_for(self.address, self.port)  # facts must not read the old one
+                raise
             except BaseException:
                 self._conn.client.close()
                 raise
             transport = self._conn.client.get_transport()
             assert transport is not None
-            check_key(self.host, self.address, self.port, transport.get_remote_server_key(), known)
             return transport
 
-    def _connect(self, known: KnownHosts, recorded: list[Any]) -> None:
+    def _connect(self, known: KnownHosts) -> None:
         client = self._conn.client
-        client.set_missing_host_key_policy(_RefuseUnknown(self.host, self.known_hosts))
-        keys = client.get_host_keys()
-        keys.clear()
-        name = host_key_name(self.address, self.port)
-        for entry in recorded:
-            # paramiko offers the first recorded type first, so the server shows a key we know.
-            try:
-                keys.add(
-                    name, entry.keytype, paramiko.PKey.from_type_string(entry.keytype, entry.blob)
-                )
-            except (paramiko.SSHException, ValueError, TypeError):
-                continue
+        client.get_host_keys().clear()
+        client.set_missing_host_key_policy(_Verify(self.host, self.address, self.port, known))
+        client.set_log_channel(WIRE_LOG)
+        recorded = known.lookup(self.address, self.port)
+        algorithms = host_key_algorithms(recorded)
         sock = self._open_sock()
         t = self.connect_timeout
         kwargs = dict(
@@ -198,18 +201,15 @@ class SshTransport(ExecTransport):
             banner_timeout=t,
             auth_timeout=t,
             channel_timeout=t,
+            transport_factory=lambda s, **kw: new_transport(s, algorithms, **kw),
         )
         try:
             client.connect(**kwargs)
         except HostKeyError:
             raise
-        except paramiko.BadHostKeyException as exc:
-            check_key(self.host, self.address, self.port, exc.key, known)
-            # The key is recorded, but not as paramiko's one entry per type: retry with it.
-            keys.clear()
-            keys.add(name, exc.key.get_name(), exc.key)
-            self._conn.client.close()
-            self._connect_plain(client, kwargs)
+        except paramiko.BadHostKeyException as exc:  # only with keys loaded behind our back
+            known.check(self.host, self.address, self.port, exc.key.asbytes())
+            raise HostKeyError(f"{self._where()}: paramiko refused the host key: {exc}") from exc
         except paramiko.AuthenticationException as exc:
             raise AuthError(
                 f"{self.host}: authentication as {self.user}@{self.address}:{self.port} "
@@ -218,35 +218,24 @@ class SshTransport(ExecTransport):
                 "the host's authorized_keys)",
             ) from exc
         except paramiko.SSHException as exc:
-            raise self._map_handshake(exc, recorded) from exc
+            raise self._map_handshake(exc, known) from exc
         except (OSError, EOFError) as exc:
             raise UnreachableError(
                 f"{self._where()} unreachable: connection lost during the SSH handshake "
                 f"({exc or type(exc).__name__})"
             ) from exc
 
-    def _connect_plain(self, client: paramiko.SSHClient, kwargs: dict[str, Any]) -> None:
-        kwargs = dict(kwargs, sock=self._open_sock())
-        try:
-            client.connect(**kwargs)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise TransportError(f"{self._where()}: SSH connection failed: {exc}") from exc
-
-    def _map_handshake(self, exc: paramiko.SSHException, recorded: list[Any]) -> TransportError:
-        text = str(exc)
+    def _map_handshake(self, exc: paramiko.SSHException, known: KnownHosts) -> TransportError:
         wire = self._conn.client.get_transport()
-        if "banner" in text.lower() or wire is None or not wire.remote_version:
-            return UnreachableError(
-                f"{self._where()} unreachable: no SSH banner within {self.connect_timeout:g}s"
-            )
-        if "host key" in text.lower() and recorded:
-            known = ", ".join(preferred_key_types(recorded))
-            return HostKeyError(
-                f"{self.host}: the host no longer offers a key of the recorded type(s) "
-                f"{known} for {host_key_name(self.address, self.port)}; refusing to connect",
-                hint=f"check the host, then update {self.known_hosts}",
-            )
-        return TransportError(f"{self._where()}: SSH connection failed: {text}")
+        version = wire.remote_version if wire is not None else None
+        mapped = handshake_error(self._where(), exc, version, self.connect_timeout)
+        if mapped is not None:
+            return mapped
+        recorded = known.lookup(self.address, self.port)
+        if "host key" in str(exc).lower() and recorded:
+            return no_common_type_error(self.host, host_key_name(self.address, self.port),
+                                        recorded, known.path)
+        return TransportError(f"{self._where()}: SSH connection failed: {exc}")
 
     def close(self) -> None:
         with self._lock:
