@@ -120,3 +120,48 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     removal = cli(without, "plan", "ct200", "--json")
     assert removal.returncode == 4
     assert pending(removal.stdout) == [("unit.remove", "sglang-ddtree.service")]
+
+
+def test_an_older_payload_is_upgraded_in_place_by_apply(fresh: Config, tmp_path: Path) -> None:
+    """Issue 12, deliverable 6: a host whose venv holds an older payload variant is upgraded in
+    place by plan/apply (under the lock, with a restart), not refused."""
+    import shutil
+
+    from ddtree_deploy.payload.manifest import load_manifest
+    from ddtree_deploy.resources import data_path
+
+    lab = fresh
+    converged = cli(lab, "apply", "ct200", "--yes")  # the test before leaves it so; alone too
+    assert converged.returncode == 0, converged.stdout + converged.stderr
+    shipped, _ = load_manifest(data_path("payload"))
+    older = tmp_path / "older-payload"
+    shutil.copytree(data_path("payload"), older)
+    text = (older / "payload.yaml").read_text()
+    (older / "payload.yaml").write_text(
+        text.replace(f'version: "{shipped.version}"', 'version: "0.0.9-older"', 1))
+    core = older / "ddtree/core.py"
+    core.write_text(core.read_text() + "\n# the older variant\n")
+    down = cli(lab, "payload", "deploy", "ct200", "--venv", VENV, "--payload", str(older),
+               "--json")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert json.loads(down.stdout)["action"] == "upgraded"  # from the shipped one, in place
+    pid = sh(lab, "systemctl show -p MainPID --value sglang-ddtree").strip()
+
+    plan = cli(lab, "plan", "ct200", "--json", "--refresh")
+    assert plan.returncode == 4, plan.stdout + plan.stderr
+    assert pending(plan.stdout) == [("payload.upgrade", "DDTree payload"),
+                                    ("unit.install", "sglang-ddtree.service"),
+                                    ("service.start", "sglang-ddtree.service")]
+    step = next(s for s in json.loads(plan.stdout)["steps"] if s["kind"] == "payload.upgrade")
+    assert step["reason"] == (f"payload ddtree 0.0.9-older is installed; this tool ships "
+                              f"ddtree {shipped.version}")
+
+    applied = cli(lab, "apply", "ct200", "--yes")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "payload.upgrade" in applied.stdout and "converged" in applied.stdout
+    status = json.loads(cli(lab, "payload", "status", "ct200", "--json").stdout)
+    assert status[VENV]["version"] == shipped.version
+    assert sh(lab, "systemctl is-active sglang-ddtree").strip() == "active"
+    assert sh(lab, "systemctl show -p MainPID --value sglang-ddtree").strip() != pid  # restarted
+    again = cli(lab, "plan", "ct200", "--json", "--refresh")
+    assert again.returncode == 0, pending(again.stdout)
