@@ -10,7 +10,7 @@ import typer
 from ddtree_deploy.cli_common import config_of, console, print_json, rich_console
 from ddtree_deploy.cli_text import plain
 from ddtree_deploy.config import Config
-from ddtree_deploy.errors import UsageError
+from ddtree_deploy.errors import ExitCode, UsageError
 
 app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_kernel) between "
                        "hosts through the workstation: exact, cached, reversible.",
@@ -56,7 +56,9 @@ def _target(config: Config, lane_name: str, host: str | None, venv: str | None
 def overlay(
     ctx: typer.Context,
     abi: str = typer.Option(None, "--abi", help="the lane: cu130, cu128 (overlays/*.yaml)"),
-    to: str = typer.Option(None, "--to", help="target host (default: the deployment's)"),
+    to: list[str] = typer.Option(None, "--to", help="target HOST, or HOST:VENV; repeat it for "
+                                 "several targets, served in parallel (default: the "
+                                 "deployment's)"),
     venv: str = typer.Option(None, "--venv", help="target venv (default: the deployment's)"),
     from_host: str = typer.Option(None, "--from", help="source host (default: the lane's)"),
     from_venv: str = typer.Option(None, "--from-venv", help="source venv (default: the lane's)"),
@@ -75,39 +77,47 @@ def overlay(
     from ddtree_deploy.overlay.lane import load_lane
     from ddtree_deploy.overlay.progress import RichProgress
     from ddtree_deploy.overlay.render import render_plan
-    from ddtree_deploy.overlay.run import make_plan, run_overlay
+    from ddtree_deploy.overlay.run import make_plan, run_fleet
+    from ddtree_deploy.overlay.summary import fleet_summary, parse_targets
 
     config = config_of(ctx)
     lane = load_lane(abi).with_source(host=from_host, venv=from_venv)
     config.host(lane.source.host)
-    host, target_venv = _target(config, lane.lane, to, venv)
+    wanted = parse_targets(to or [], venv) or [("", None)]
+    targets = [_target(config, lane.lane, h or None, _host_path(v, "--to HOST:VENV"))
+               for h, v in wanted]
     cache = BlobCache()
     if dry_run:
-        plan, _ = make_plan(config, lane, host, target_venv, cache)
+        plans = [make_plan(config, lane, h, v, cache)[0] for h, v in targets]
         if as_json:
-            print_json(out, plan.model_dump_json())
+            print_json(out, plans[0].model_dump_json() if len(plans) == 1 else
+                       "[" + ",".join(p.model_dump_json() for p in plans) + "]")
         else:
-            render_plan(plan, rich_console(out))
+            for plan in plans:
+                render_plan(plan, rich_console(out))
         return
     with RichProgress(rich_console(err)) as progress:
-        result = run_overlay(config, lane, host, target_venv, cache=cache, progress=progress,
-                             on_status=lambda s: None)
-    FactsCache().drop(config.host(host))
-    summary: dict[str, Any] = {
-        "result": result.result, "lane": lane.lane, "target": {"host": host, "venv": target_venv},
-        "plan": result.plan.id, "bytes_fetched": result.fetched.wire if result.fetched else 0,
-        "bytes_pushed": result.pushed.wire if result.pushed else 0,
-        "backup": result.outcome.backup if result.outcome else None,
-        "checks": result.outcome.checks if result.outcome else [],
-    }
+        fleet = run_fleet(config, lane, targets, cache=cache, progress=progress,
+                          on_status=lambda s: None)
+    for r in fleet.targets:
+        FactsCache().drop(config.host(r.host))
+    if len(targets) == 1 and fleet.failed:
+        raise fleet.failed[0].error  # type: ignore[misc]  # one target: its error, as ever
+    summary: dict[str, Any] = fleet_summary(fleet, lane.lane)
     if as_json:
         print_json(out, summary)
     else:
-        out.print(plain(f"{host}:{target_venv}: lane {lane.lane} {result.result} "
-                        f"(fetched {summary['bytes_fetched']} B, pushed "
-                        f"{summary['bytes_pushed']} B)"), markup=False, highlight=False)
-        for c in summary["checks"]:
-            out.print(f"  {check_sentence(c)}", markup=False, highlight=False)
+        for t in summary.get("targets", [summary]):
+            where = f"{t['target']['host']}:{t['target']['venv']}"
+            out.print(plain(f"{where}: lane {lane.lane} {t['result']} (fetched "
+                            f"{summary['bytes_fetched']} B, pushed {t['bytes_pushed']} B)"
+                            + (f": {t['error']}" if t.get("error") else "")),
+                      markup=False, highlight=False)
+            for c in t["checks"]:
+                out.print(f"  {check_sentence(c)}", markup=False, highlight=False)
+    if fleet.failed:  # some targets failed: 3; every one: 1
+        raise typer.Exit(int(ExitCode.PARTIAL if len(fleet.failed) < len(targets)
+                             else ExitCode.FAILED))
 
 
 @app.command("rollback")

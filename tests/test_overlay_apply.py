@@ -424,6 +424,25 @@ def test_bad_record_path_is_refused(script: Path, tmp_path: Path,
     assert snapshot(sc.venv) == before
 
 
+def test_a_folder_symlinked_out_of_the_venv_is_refused(script: Path, tmp_path: Path,
+        elves: dict[str, bytes]) -> None:
+    # A path that stays in the venv as text but leads out of it through a symlinked folder.
+    sc = scene(script, tmp_path, lane_versions(elves, n=2))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    req = json.loads(sc.request.read_text())
+    sent = req["plan"]["changes"][0]["send"][0]["path"]
+    top = sent.split("/")[0]
+    site = next(sc.venv.glob("lib/python*/site-packages"))
+    os.symlink(outside, site / "escape")
+    req["plan"]["changes"][0]["send"][0]["path"] = "escape/" + sent[len(top) + 1:]
+    sc.request.write_text(json.dumps(req))
+    before = snapshot(sc.venv)
+    code, out = run(sc, "apply", str(sc.request))
+    assert code == 2 and "leaves the venv" in out["message"], out
+    assert snapshot(sc.venv) == before and list(outside.iterdir()) == []
+
+
 # -- faults --------------------------------------------------------------------------------
 
 

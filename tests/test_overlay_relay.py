@@ -44,7 +44,8 @@ def _venv(root: Path, compressible: bool) -> tuple[Path, list[FileEntry]]:
 
 def _dest(tmp: Path, name: str, files: list[FileEntry]) -> Destination:
     return Destination(label=f"{name}:/v", transport=LocalTransport(host=name),
-                       staging=str(tmp / name / "staging"), files=files, python=PY)
+                       staging=str(tmp / name / ".ddtree-deploy/overlay/staging/p1"),
+                       files=files, python=PY)
 
 
 def _staged(d: Destination) -> dict[str, str]:
@@ -91,7 +92,7 @@ def test_a_failed_target_is_its_own(tmp_path: Path) -> None:
 class _CutOff(LocalTransport):
     """A target whose connection drops after the first MiB of the stream."""
 
-    def run_stream_in(self, cmd, src, *, timeout=None):  # type: ignore[no-untyped-def]
+    def run_stream_in(self, cmd, src, *, timeout=None):
         if STAGING_RECEIVE in cmd.argv:
             src.read(MiB)
             raise TransportError(f"{self.host}: connection lost")

@@ -30,6 +30,7 @@ from ddtree_deploy.transport import LocalTransport, SshTransport, Transport
 
 PY = sys.executable
 MiB = 1024 * 1024
+STAGE = "v/.ddtree-deploy/overlay/staging/p1"  # the layout the staging scripts insist on
 
 
 def _entry(sp: Path, rel: str) -> FileEntry:
@@ -120,7 +121,7 @@ def test_plain_stream_without_zstd(venv, cache: BlobCache, tmp_path: Path) -> No
     sp, files = venv
     got = fetch(LocalTransport(), str(sp), files, cache, python=PY, compress=False)
     assert not got.compressed and got.wire > got.payload  # tar headers, no compression
-    staging = tmp_path / "staging"
+    staging = tmp_path / STAGE
     sent = push(LocalTransport(), str(staging), files, cache, python=PY, compress=False)
     assert not sent.compressed and sent.files == len({f.sha256 for f in files})
 
@@ -129,7 +130,7 @@ def test_damaged_staged_file_is_the_only_one_sent_again(venv, cache, tmp_path: P
     sp, files = venv
     host = LocalTransport()
     fetch(host, str(sp), files, cache, python=PY)
-    staging = tmp_path / "staging"
+    staging = tmp_path / STAGE
     push(host, str(staging), files, cache, python=PY)
     big = files[0]
     blob = staging / "blobs" / big.sha256
@@ -182,7 +183,7 @@ def test_corrupted_byte_in_transit_to_target_is_caught(
         return io.BytesIO(bytes(data))
 
     monkeypatch.setattr(BlobCache, "open", flipping)
-    staging = tmp_path / "staging"
+    staging = tmp_path / STAGE
     with pytest.raises(IntegrityError, match=r"1 file\(s\) did not arrive intact"):
         push(host, str(staging), files, cache, python=PY)
     assert big.sha256 not in _staged(staging)
@@ -230,7 +231,7 @@ def test_interrupted_push_keeps_verified_blobs_only(venv, cache, tmp_path: Path)
     sp, files = venv
     host = LocalTransport()
     fetch(host, str(sp), files, cache, python=PY)
-    staging = tmp_path / "staging"
+    staging = tmp_path / STAGE
     with pytest.raises(_Interrupt):
         push(host, str(staging), files, cache, _StopAfter(7 * MiB), python=PY)
     for sha, data in _staged(staging).items():
@@ -254,7 +255,7 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path: Path) -> None:
 def test_push_refuses_what_is_not_cached(venv, cache, tmp_path: Path) -> None:
     _, files = venv
     with pytest.raises(DeployError, match="not in the cache"):
-        push(LocalTransport(), str(tmp_path / "s"), files, cache, python=PY)
+        push(LocalTransport(), str(tmp_path / STAGE), files, cache, python=PY)
 
 
 def test_memory_stays_bounded(venv, cache, tmp_path: Path, monkeypatch) -> None:
@@ -269,7 +270,7 @@ def test_memory_stays_bounded(venv, cache, tmp_path: Path, monkeypatch) -> None:
 
     monkeypatch.setattr(transfer._Counted, "read", spy)
     fetch(LocalTransport(), str(sp), files, cache, python=PY)
-    push(LocalTransport(), str(tmp_path / "s"), files, cache, python=PY)
+    push(LocalTransport(), str(tmp_path / STAGE), files, cache, python=PY)
     assert sizes and all(0 < s <= MiB for s in sizes)
 
 
@@ -320,4 +321,18 @@ def test_missing_python_on_the_far_side_is_a_clear_error(venv, cache, tmp_path: 
     sha = cache.put_bytes(b"abc")
     entry = FileEntry(path="x", sha256=sha, size=3)
     with pytest.raises(DeployError, match=r"staging check failed \(exit 127\)"):
-        push(LocalTransport(), str(tmp_path / "s"), [entry], cache, python="/no/python")
+        push(LocalTransport(), str(tmp_path / STAGE), [entry], cache, python="/no/python")
+
+
+@pytest.mark.parametrize("layout", ["not-a-staging-folder", "v/.ddtree-deploy/overlay/x/p1",
+                                    "v2/.ddtree-deploy/overlay/staging/p1"])
+def test_staging_outside_its_venv_is_refused(venv, cache, tmp_path: Path, layout: str) -> None:
+    _, files = venv
+    fetch(LocalTransport(), str(venv[0]), files, cache, python=PY)
+    outside = tmp_path / "outside"
+    (outside / ".ddtree-deploy" / "overlay" / "staging").mkdir(parents=True)
+    (tmp_path / "v2").mkdir()
+    os.symlink(outside / ".ddtree-deploy", tmp_path / "v2" / ".ddtree-deploy")  # leads out
+    with pytest.raises(DeployError, match="not a staging folder inside its venv"):
+        push(LocalTransport(), str(tmp_path / layout), files, cache, python=PY)
+    assert not any((outside / ".ddtree-deploy" / "overlay" / "staging").iterdir())

@@ -102,6 +102,8 @@ class Site:
                 site = sysconfig.get_paths("posix_prefix", vars=base)["purelib"]
         self.site = os.path.realpath(site)
         self.dir = os.path.join(self.venv, STATE)
+        if os.path.realpath(self.dir) != self.dir:  # a symlink on the way leads elsewhere
+            raise Fail(f"refusing: {self.dir} is not a folder of the venv itself", EXIT_USAGE)
         for sub in ("backups", "staging", "results", "requests"):
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         self.journal = os.path.join(self.dir, "journal.json")
@@ -113,9 +115,20 @@ class Site:
         if not record_path or os.path.isabs(record_path) or "\0" in record_path:
             raise Fail(f"bad RECORD path: {record_path!r}", EXIT_USAGE)
         full = os.path.normpath(os.path.join(self.site, record_path))
-        if not full.startswith(self.venv + os.sep) or full.startswith(self.dir + os.sep):
+        if not self.inside(full):
             raise Fail(f"RECORD path leaves the venv: {record_path!r}", EXIT_USAGE)
         return os.path.relpath(full, self.venv)
+
+    def inside(self, path: str) -> bool:
+        """Whether writing or deleting `path` stays in the venv (not in its state folder)
+        once every symlink on the way is resolved: its folder resolved, the name itself
+        (which is replaced or unlinked, never followed) kept."""
+        path = os.path.normpath(path)
+        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        for p in (path, real):
+            if not p.startswith(self.venv + os.sep) or p.startswith(self.dir + os.sep):
+                return False
+        return True
 
     def abs(self, rel: str) -> str:
         return os.path.join(self.venv, rel)

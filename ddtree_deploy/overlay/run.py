@@ -1,82 +1,235 @@
-"""One overlay, end to end: manifests -> plan -> fetch -> push -> apply (composition only).
+"""One overlay, end to end, onto one target or several: manifests -> plans -> relay -> apply.
 
-The parts: manifest_remote (RECORD file sets), plan (the diff), cache + transfer
-(source -> workstation blob cache -> target staging), apply (the detached,
-journaled swap with backups and the lane's checks).
+The parts: manifest_remote (RECORD file sets), plan (the diff), relay (source ->
+workstation -> every target at once, into the blob cache on the way), apply (the
+detached, journaled swap with backups and the lane's checks). Targets are served
+in parallel, at most `parallel` at a time; a target that fails is its own failure
+(its error is kept on its result), the others go on. Every stage is timed.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_deploy.config import Config
 from ddtree_deploy.connect import open_transport
-from ddtree_deploy.errors import UsageError
+from ddtree_deploy.errors import DeployError, UsageError
 from ddtree_deploy.overlay import apply as remote_apply
 from ddtree_deploy.overlay.cache import BlobCache
 from ddtree_deploy.overlay.lane import Lane
 from ddtree_deploy.overlay.manifest_remote import read_manifest
-from ddtree_deploy.overlay.model import FileEntry, OverlayPlan
+from ddtree_deploy.overlay.model import FileEntry, OverlayPlan, VenvManifest
 from ddtree_deploy.overlay.plan import is_noop, plan
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
-from ddtree_deploy.overlay.transfer import TransferReport, fetch, push
+from ddtree_deploy.overlay.relay import Destination, relay
+from ddtree_deploy.overlay.transfer import TransferReport
+from ddtree_deploy.overlay.wire import Choice
+from ddtree_deploy.transport.base import ExecTransport
+
+PARALLEL = 4
 
 
 @dataclass
 class OverlayResult:
-    plan: OverlayPlan
+    """One target's overlay."""
+
+    host: str
+    venv: str
+    plan: OverlayPlan | None = None
     fetched: TransferReport | None = None
     pushed: TransferReport | None = None
     outcome: remote_apply.ApplyOutcome | None = None
+    error: DeployError | None = None
+    choice: Choice | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def result(self) -> str:
+        if self.error is not None:
+            return "failed"
         if self.outcome is not None:
             return self.outcome.result
-        return "unchanged" if is_noop(self.plan) else "planned"
+        return "unchanged" if self.plan is not None and is_noop(self.plan) else "planned"
+
+
+@dataclass
+class FleetResult:
+    targets: list[OverlayResult]
+    fetched: TransferReport | None = None
+    source_choice: Choice | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[OverlayResult]:
+        return [t for t in self.targets if t.error is not None]
+
+
+def _bulk(config: Config, host: str) -> ExecTransport:
+    """A transport for the overlay's streams: the system OpenSSH client where the host allows a
+    kept master (its crypto in C: on a small workstation the CPU, not the link, is scarce)."""
+    return open_transport(config, host, reuse=True)
+
+
+def _source_manifest(config: Config, lane: Lane) -> VenvManifest:
+    with _bulk(config, lane.source.host) as src:
+        return read_manifest(src, lane.source.venv, lane.source_patterns()).manifest
+
+
+def _check_target(config: Config, lane: Lane, host: str, venv: str) -> None:
+    src = config.host(lane.source.host)
+    if src.name == config.host(host).name and lane.source.venv.rstrip("/") == venv.rstrip("/"):
+        raise UsageError("the overlay's source and target are the same venv")
+
+
+def _target_manifest(config: Config, lane: Lane, r: OverlayResult) -> VenvManifest:
+    t0 = time.monotonic()
+    with _bulk(config, r.host) as tgt:
+        target = read_manifest(tgt, r.venv, lane.target_patterns()).manifest
+    r.seconds["target_manifest"] = round(time.monotonic() - t0, 3)
+    return target
+
+
+def _plan_one(config: Config, lane: Lane, source: VenvManifest, r: OverlayResult,
+              cache: BlobCache, target: VenvManifest | None = None) -> None:
+    if target is None:
+        target = _target_manifest(config, lane, r)
+    shas = {f.sha256 for d in source.dists.values() for f in d.files}
+    cached = shas - set(cache.missing(sorted(shas)))
+    r.plan = plan(lane, source, target, cached, source_host=config.host(lane.source.host).name,
+                  target_host=config.host(r.host).name)
 
 
 def make_plan(config: Config, lane: Lane, target_host: str, target_venv: str,
               cache: BlobCache) -> tuple[OverlayPlan, str]:
-    """The plan, and the source's site-packages folder (where fetch reads)."""
-    src_spec, tgt_spec = config.host(lane.source.host), config.host(target_host)
-    if src_spec.name == tgt_spec.name and lane.source.venv.rstrip("/") == target_venv.rstrip("/"):
-        raise UsageError("the overlay's source and target are the same venv")
-    with open_transport(config, src_spec) as src:
-        source = read_manifest(src, lane.source.venv, lane.source_patterns()).manifest
-    with open_transport(config, tgt_spec) as tgt:
-        target = read_manifest(tgt, target_venv, lane.target_patterns()).manifest
-    shas = {f.sha256 for d in source.dists.values() for f in d.files}
-    cached = shas - set(cache.missing(sorted(shas)))
-    p = plan(lane, source, target, cached, source_host=src_spec.name, target_host=tgt_spec.name)
-    return p, source.site_packages
+    """The plan, and the source's site-packages folder (where the stream reads)."""
+    _check_target(config, lane, target_host, target_venv)
+    source = _source_manifest(config, lane)
+    r = OverlayResult(target_host, target_venv)
+    _plan_one(config, lane, source, r, cache)
+    assert r.plan is not None
+    return r.plan, source.site_packages
 
 
 def _sends(p: OverlayPlan) -> list[FileEntry]:
     return [f for c in p.changes for f in c.send]
 
 
+def _guard(r: OverlayResult, fn: Callable[[], None]) -> None:
+    """Run one target's step; a DeployError becomes that target's failure."""
+    if r.error is not None:
+        return
+    try:
+        fn()
+    except DeployError as exc:
+        r.error = exc
+
+
+def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
+              cache: BlobCache, progress: ProgressSink | None = None,
+              on_status: Callable[[dict[str, Any]], None] | None = None,
+              parallel: int = PARALLEL, compress: str = "auto") -> FleetResult:
+    """Overlay the lane onto every (host, venv); each target's failure stays its own."""
+    progress = progress or NullProgress()
+    t0 = time.monotonic()
+    for host, venv in targets:
+        _check_target(config, lane, host, venv)
+    results = [OverlayResult(host, venv) for host, venv in targets]
+    fleet = FleetResult(results)
+    workers = max(1, min(parallel, len(results)))
+    manifests: dict[int, VenvManifest] = {}
+
+    def read(r: OverlayResult) -> None:
+        def go() -> None:
+            manifests[id(r)] = _target_manifest(config, lane, r)
+
+        _guard(r, go)
+
+    with ThreadPoolExecutor(max_workers=workers + 1) as pool:  # source and targets at once
+        pending = pool.submit(_source_manifest, config, lane)
+        list(pool.map(read, results))
+        source = pending.result()
+    fleet.seconds["manifests"] = round(time.monotonic() - t0, 3)
+    t1 = time.monotonic()
+    for r in results:
+        if r.error is None:
+            _guard(r, lambda r=r: _plan_one(config, lane, source, r, cache,  # type: ignore[misc]
+                                            manifests[id(r)]))
+    fleet.seconds["plans"] = round(time.monotonic() - t1, 3)
+    todo = [r for r in results if r.error is None and r.plan is not None and not is_noop(r.plan)]
+    if not todo:
+        fleet.seconds["total"] = round(time.monotonic() - t0, 3)
+        return fleet
+    src_spec = config.host(lane.source.host)
+    opened: list[ExecTransport] = []
+    try:
+        dests = []
+        for r in todo:
+            assert r.plan is not None
+            spec = config.host(r.host)
+            t = _bulk(config, r.host)
+            opened.append(t)
+            dests.append(Destination(
+                label=f"{r.host}:{r.venv}", transport=t,
+                staging=remote_apply.staging_dir(r.venv, r.plan.id), files=_sends(r.plan),
+                python=f"{r.venv.rstrip('/')}/bin/python", sudo=spec.use_sudo))
+        t2 = time.monotonic()
+        with _bulk(config, src_spec.name) as src:
+            rep = relay(src, source.site_packages, dests, cache, progress,
+                        python=f"{lane.source.venv.rstrip('/')}/bin/python",
+                        sudo=src_spec.use_sudo, compress=compress, parallel=parallel)
+        fleet.seconds["transfer"] = round(time.monotonic() - t2, 3)
+        fleet.seconds.update({f"transfer.{k}": v for k, v in rep.seconds.items()})
+        fleet.fetched, fleet.source_choice = rep.fetched, rep.source_choice
+        for r, d in zip(todo, dests, strict=True):
+            r.fetched = rep.fetched
+            r.pushed = _sum(d.forwarded, d.from_cache)
+            r.choice = d.choice or rep.source_choice
+            r.seconds.update({k: round(v, 3) for k, v in d.seconds.items()})
+            r.error = d.error
+
+        def apply_one(pair: tuple[OverlayResult, Destination]) -> None:
+            r, d = pair
+            assert r.plan is not None
+            t = time.monotonic()
+
+            def go() -> None:
+                r.outcome = remote_apply.apply_plan(
+                    d.transport, r.plan, lane.checks,  # type: ignore[arg-type]
+                    sudo=d.sudo, on_status=on_status, poll=0.2)
+
+            _guard(r, go)
+            r.seconds["apply"] = round(time.monotonic() - t, 3)
+
+        t3 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(apply_one, [(r, d) for r, d in zip(todo, dests, strict=True)
+                                      if r.error is None]))
+        fleet.seconds["apply"] = round(time.monotonic() - t3, 3)
+    finally:
+        for t in opened:
+            t.close()
+    fleet.seconds["total"] = round(time.monotonic() - t0, 3)
+    return fleet
+
+
+def _sum(a: TransferReport, b: TransferReport) -> TransferReport:
+    return TransferReport(files=a.files + b.files, payload=a.payload + b.payload,
+                          wire=a.wire + b.wire, skipped=a.skipped + b.skipped,
+                          compressed=a.compressed or b.compressed,
+                          seconds=a.seconds + b.seconds)
+
+
 def run_overlay(config: Config, lane: Lane, target_host: str, target_venv: str, *,
                 cache: BlobCache, progress: ProgressSink | None = None,
                 on_status: Callable[[dict[str, Any]], None] | None = None) -> OverlayResult:
-    progress = progress or NullProgress()
-    p, source_sp = make_plan(config, lane, target_host, target_venv, cache)
-    result = OverlayResult(p)
-    if is_noop(p):
-        return result
-    src_spec, tgt_spec = config.host(lane.source.host), config.host(target_host)
-    files = _sends(p)
-    with open_transport(config, src_spec) as src:
-        result.fetched = fetch(src, source_sp, files, cache, progress,
-                               python=f"{lane.source.venv.rstrip('/')}/bin/python",
-                               sudo=src_spec.use_sudo)
-    with open_transport(config, tgt_spec) as tgt:
-        result.pushed = push(tgt, remote_apply.staging_dir(target_venv, p.id), files, cache,
-                             progress, python=f"{target_venv.rstrip('/')}/bin/python",
-                             sudo=tgt_spec.use_sudo)
-        result.outcome = remote_apply.apply_plan(tgt, p, lane.checks, sudo=tgt_spec.use_sudo,
-                                                 on_status=on_status)
-    return result
-
+    """One target; its failure raised (as before the fleet)."""
+    fleet = run_fleet(config, lane, [(target_host, target_venv)], cache=cache,
+                      progress=progress, on_status=on_status)
+    (r,) = fleet.targets
+    if r.error is not None:
+        raise r.error
+    return r

@@ -42,10 +42,25 @@ tar.close()
 out.flush()
 """
 
+# Both staging scripts first prove that the staging folder lies inside its venv once
+# symlinks are resolved (<venv>/.ddtree-deploy/overlay/staging/<plan id>, no link out).
+_STAGING_GUARD = r"""
+import os, sys
+def _inside(staging):
+    parts = os.path.normpath(staging).split(os.sep)
+    if len(parts) < 6 or parts[-4:-1] != [".ddtree-deploy", "overlay", "staging"]:
+        return False
+    venv = os.sep.join(parts[:-4]) or os.sep
+    return os.path.realpath(staging) == os.path.join(os.path.realpath(venv), *parts[-4:])
+if not _inside(sys.argv[1]):
+    sys.stderr.write("refusing: %s is not a staging folder inside its venv\n" % sys.argv[1])
+    sys.exit(2)
+"""
+
 # Target, step 1: which staged blobs are already there with the right content.
 # Damaged ones and half-received leftovers are deleted. stdin: [[sha256, size], ...];
 # argv[1]: the staging folder. Prints {"present": [...], "zstd": bool, "free": bytes}.
-STAGING_CHECK = r"""
+STAGING_CHECK = _STAGING_GUARD + r"""
 import hashlib, json, os, shutil, sys
 staging = sys.argv[1]
 blobs = os.path.join(staging, "blobs")
@@ -85,7 +100,7 @@ print(json.dumps({"present": present, "zstd": shutil.which("zstd") is not None, 
 # The tar is the workstation's (from its cache) or the source's own (forwarded while
 # it arrives: its "pid" member is skipped).
 # argv[1]: the staging folder. Prints {"ok": [...], "bad": [...], "complete": bool}.
-STAGING_RECEIVE = r"""
+STAGING_RECEIVE = _STAGING_GUARD + r"""
 import hashlib, json, os, sys, tarfile
 staging = sys.argv[1]
 blobs = os.path.join(staging, "blobs")

@@ -88,7 +88,8 @@ def measure_local(samples: Iterable[bytes]) -> tuple[float, float]:
 
 
 # On the source: read a sample (a slice from the middle of each of the largest files), time
-# `zstd -1 -T0` over it (less the time of starting zstd). stdin: [[path, size], ...] relative to argv[1]; argv[2]: sample bytes.
+# `zstd -1 -T0` over it (less the time of starting zstd).
+# stdin: [[path, size], ...] relative to argv[1]; argv[2]: sample bytes.
 # Prints {"zstd": bool, "bytes": n, "compressed": m, "seconds": s}.
 SOURCE_SAMPLE = r"""
 import json, os, shutil, subprocess, sys, time
