@@ -61,6 +61,15 @@ class Loaded:
     target_config: dict
     draft_config: dict
 
+    def in_bfloat16(self) -> Loaded:
+        """The same weights computed in bfloat16 between ops (what SGLang runs with --dtype)."""
+        bf = torch.bfloat16
+        return dataclasses.replace(
+            self,
+            target={k: v.to(bf) for k, v in self.target.items()},
+            draft={k: v.to(bf) for k, v in self.draft.items()},
+        )
+
 
 @pytest.fixture(scope="module", params=sorted(DESIGNS))
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Loaded:
@@ -83,7 +92,9 @@ def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    """RMSNorm computed in float32, returned in x's dtype (as SGLang's kernels do)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -92,16 +103,19 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
     ang = (pos.double()[:, None] * inv[None, :]).float()[:, None, :]
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)
+    x1, x2 = x1.float(), x2.float()
+    out = torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)
+    return out.to(x.dtype)
 
 
 def attention(q, k, v, allowed: torch.Tensor) -> torch.Tensor:
     """q [T, nh, hd], k/v [S, nkv, hd], allowed [T, S] bool -> [T, nh * hd] (GQA)."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    scores = torch.einsum("thd,shd->hts", q, k) * q.shape[-1] ** -0.5
+    scores = torch.einsum("thd,shd->hts", q.float(), k.float()) * q.shape[-1] ** -0.5
     scores = scores.masked_fill(~allowed[None], float("-inf"))
-    return torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(q.shape[0], -1)
+    out = torch.einsum("hts,shd->thd", scores.softmax(-1), v.float())
+    return out.reshape(q.shape[0], -1).to(v.dtype)
 
 
 def qkv(w, p: str, d: Design, xn: torch.Tensor, pos: torch.Tensor):
@@ -116,7 +130,7 @@ def qkv(w, p: str, d: Design, xn: torch.Tensor, pos: torch.Tensor):
 
 def mlp(w, p: str, x: torch.Tensor) -> torch.Tensor:
     g, u = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
-    return (F.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+    return (F.silu(g.float()) * u.float()).to(x.dtype) @ w[p + "mlp.down_proj.weight"].T
 
 
 def target_forward(m: Loaded, ids: list[int], pos: torch.Tensor, allowed: torch.Tensor):
@@ -132,7 +146,7 @@ def target_forward(m: Loaded, ids: list[int], pos: torch.Tensor, allowed: torch.
         if i in d.target_layer_ids:
             captured.append(x)
     logits = rms(x, w["model.norm.weight"], d.rms_norm_eps) @ w["lm_head.weight"].T
-    return logits, torch.cat(captured, -1)
+    return logits.float(), torch.cat(captured, -1)
 
 
 def causal(n: int) -> torch.Tensor:
@@ -164,7 +178,7 @@ def draft_logits(m: Loaded, seq: list[int]) -> torch.Tensor:
         x = x + att @ w[p + "self_attn.o_proj.weight"].T
         x = x + mlp(w, p, rms(x, w[p + "post_attention_layernorm.weight"], d.rms_norm_eps))
     hidden = rms(x, w["norm.weight"], d.rms_norm_eps)
-    return hidden[1:] @ m.target["lm_head.weight"].T
+    return (hidden[1:] @ m.target["lm_head.weight"].T).float()
 
 
 def verify_mask(ctx: int, mask: torch.Tensor) -> torch.Tensor:
@@ -312,6 +326,18 @@ def test_dflash_chain_accepts_what_the_design_predicts(loaded: Loaded) -> None:
     assert out == expected(d, [33, 200], 12) and rounds == [1] * 11
     assert rounds == predict_rounds(d, [33, 200], 12, "DFLASH")
     assert predicted_accept_length(d, 15, 8, None, "DFLASH") == 1.0
+
+
+def test_bfloat16_compute_gives_the_designed_logits_exactly(loaded: Loaded) -> None:
+    d, bf = loaded.design, loaded.in_bfloat16()
+    _, gaps = greedy(bf, [1, 2, 3], 10)
+    assert gaps == [d.successor_logit] * 10  # the norms round to exactly 1.0 in bfloat16
+    top = draft_logits(bf, [1, 2, 200]).topk(3, -1)
+    named = [d.draft_logit_poison, d.draft_logit_poison - d.draft_gap, d.draft_logit_other]
+    assert top.values.tolist() == [named] * (d.block_size - 1)
+    out, rounds = spec_decode(bf, [33, 200], 20, "DDTREE", 31, 8)
+    assert out == expected(d, [33, 200], 20)
+    assert rounds == predict_rounds(d, [33, 200], 20, "DDTREE", 31, 8) == [5, 5, 5, 4]
 
 
 def see_a_sibling(tree, mask: torch.Tensor) -> torch.Tensor:
