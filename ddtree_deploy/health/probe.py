@@ -310,7 +310,10 @@ class _Probe:
 
     def poll(self, kind: Kind | None) -> dict[str, Any]:
         steady = self.steady_left()
-        first = max(0.2, min(self.warm_left(), self.warmup_s))
+        # Until /health has answered 200 a poll stays short (a stalled host costs little); a
+        # generation that then finds no first token in time is asked again with the full budget.
+        cap = self.warmup_s if self.http.health == 200 else GEN_LIMIT_S
+        first = max(0.2, min(self.warm_left(), cap))
         rest = max(0.2, min(steady - 0.2, GEN_LIMIT_S))
         if kind is None:
             first, budget = 0.0, rest
@@ -414,8 +417,10 @@ class _Probe:
             if self.http.health == 200:
                 gen = (report.get("http") or {}).get("generation")
                 if kind is not None and isinstance(gen, dict):
-                    if gen.get("first_timed_out") and self.warm_left() <= 0.05:
-                        return self._deadline()
+                    if gen.get("first_timed_out"):
+                        if self.warm_left() <= 0.05:
+                            return self._deadline()
+                        continue  # asked again, with the warm-up budget left
                     if gen.get("error") and not gen.get("timed_out") and not gen.get("status"):
                         self.failed_gen = (kind, gen)  # did it crash? ask the unit first
                         continue
