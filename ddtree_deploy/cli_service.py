@@ -8,8 +8,9 @@ import typer
 
 from ddtree_deploy import __version__
 from ddtree_deploy.cli_common import config_of, console, print_json
+from ddtree_deploy.cli_text import plain
 from ddtree_deploy.config import Config, HostSpec
-from ddtree_deploy.errors import UsageError
+from ddtree_deploy.errors import DeployError, UsageError
 
 app = typer.Typer(help="SGLang services on a host: render, up, down, status, logs, list.",
                   no_args_is_help=True)
@@ -59,14 +60,16 @@ def render(
     spec = build_spec(spec_host, facts, dep, Overrides(), force=True, require_venv=False)
     found = facts.venv(venv)
     if found is None or not found.exists:
-        err.print(f"warning: {venv} does not exist on {spec_host.name} yet: LD_LIBRARY_PATH is "
-                  "empty and verification will fail until it does", soft_wrap=True)
+        err.print(plain(f"warning: {venv} does not exist on {spec_host.name} yet: "
+                        "LD_LIBRARY_PATH is empty and verification will fail until it does"),
+                  soft_wrap=True, markup=False, highlight=False)
     text = render_unit(spec, tool_version=__version__)
     typer.echo(text, nl=False)
     if verify:
         with open_transport(config, spec_host) as t:
             verify_unit(t, text, spec.unit_name)
-        err.print(f"{spec.unit_name}: systemd-analyze verify passed on {spec_host.name}")
+        err.print(plain(f"{spec.unit_name}: systemd-analyze verify passed on {spec_host.name}"),
+                  markup=False, highlight=False)
 
 
 @app.command("up")
@@ -175,7 +178,8 @@ def down(
     with open_transport(config, spec_host) as t:
         found = install.down(t, unit, remove=remove)
     _drop_facts(spec_host)
-    out.print(f"{unit}: {'stopped' + (' and removed' if remove else '') if found else 'not found'}")
+    done = ("stopped" + (" and removed" if remove else "")) if found else "not found"
+    out.print(plain(f"{unit}: {done}"), markup=False, highlight=False)
 
 
 def _unit_of(config: Config, name: str) -> str:
@@ -188,9 +192,8 @@ def _unit_of(config: Config, name: str) -> str:
 def list_(ctx: typer.Context, host: str = typer.Argument(...),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """The services this tool created on HOST, with their state."""
-    from rich.table import Table
-
     from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.render_table import add_row, make_table
     from ddtree_deploy.service import install
 
     config = config_of(ctx)
@@ -199,13 +202,12 @@ def list_(ctx: typer.Context, host: str = typer.Argument(...),
     if as_json:
         print_json(out, [s.__dict__ for s in states])
         return
-    table = Table(title=f"ddtree-deploy services on {host}")
-    for col in ("unit", "deployment", "active", "sub", "main pid", "restarts", "exit status"):
-        table.add_column(col)
+    table = make_table(f"ddtree-deploy services on {host}", (
+        "unit", "deployment", "active", "sub", "main pid", "restarts", "exit status"))
     for s in states:
-        table.add_row(s.unit, s.deployment or "-", s.active, s.sub, str(s.main_pid),
-                      str(s.restarts), str(s.exit_status))
-    out.print(table if states else f"no ddtree-deploy services on {host}")
+        add_row(table, s.unit, s.deployment or "-", s.active, s.sub, str(s.main_pid),
+                str(s.restarts), str(s.exit_status))
+    out.print(table if states else f"no ddtree-deploy services on {host}", markup=False)
 
 
 @app.command("status")
@@ -223,13 +225,13 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
         unit = _unit_of(config, name)
         states = [s for s in states if s.unit == unit]
         if not states:
-            out.print(f"{unit}: no such ddtree-deploy service on {host}")
-            raise typer.Exit(1)
+            raise DeployError(f"{unit}: no such ddtree-deploy service on {host}")
     if as_json:
         print_json(out, [s.__dict__ for s in states])
     else:
         for s in states:
-            out.print(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} restarts {s.restarts}")
+            out.print(plain(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} "
+                            f"restarts {s.restarts}"), markup=False, highlight=False)
     if any(s.active != "active" for s in states):
         raise typer.Exit(1)
 
@@ -242,9 +244,13 @@ def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.
     from ddtree_deploy.service import install
 
     config = config_of(ctx)
+    unit = _unit_of(config, name)
     with open_transport(config, config.host(host)) as t:
-        text = install.logs(t, _unit_of(config, name), lines)
-    typer.echo(text, nl=False)
+        if unit not in {s.unit for s in install.list_units(t)}:
+            raise DeployError(f"{unit}: no such ddtree-deploy service on {host} "
+                              "(`service list` shows them)")
+        text = install.logs(t, unit, lines)
+    typer.echo(plain(text), nl=False)  # the journal's ESC and other control bytes, escaped
 
 
 def probe(
