@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -125,6 +126,24 @@ def _drop(data: Any, loc: tuple[Any, ...]) -> bool:
     except (KeyError, IndexError, TypeError):
         return False
     return True
+
+
+def _not_a_file(path: Path | None) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (a FIFO would block every
+    SSH connection that reads it), else None."""
+    if path is None:
+        return None
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 class _Loader:
@@ -263,6 +282,11 @@ class _Loader:
                 (*where, "jump"),
                 f"expected a host defined in this file ({self._names('hosts')}), got '{host.jump}'",
             )
+        for field in ("identity_file", "known_hosts"):
+            kind = _not_a_file(getattr(host, field))
+            if kind is not None:
+                self.add((*where, field), f"expected a regular file, got {kind} "
+                         f"({getattr(host, field)}): reading it would hang or fail")
         seen_paths: dict[str, str] = {}
         for name, venv in host.venvs.items():
             vwhere: PathKey = (*where, "venvs", name)
