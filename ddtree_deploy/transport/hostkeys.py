@@ -95,9 +95,25 @@ def host_key_algorithms(recorded: list[KnownKey]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _Entry:
+class _Line:
+    """A known_hosts line split, its key not decoded yet (most lines name other hosts)."""
+
+    marker: str | None
     field: str
-    key: KnownKey
+    keytype: str
+    b64: str
+    number: int
+
+    def key(self) -> KnownKey | None:
+        """The line's key; None when its base64 is bad or names another type (OpenSSH skips
+        such lines too)."""
+        try:
+            blob = base64.b64decode(self.b64, validate=True)
+        except (ValueError, binascii.Error):
+            return None
+        if key_type_of(blob) != self.keytype:
+            return None
+        return KnownKey(self.keytype, blob, self.number, self.marker)
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
@@ -120,7 +136,8 @@ def _match_field(field: str, name: str) -> bool:
     matched = False
     for pattern in field.lower().split(","):
         negated = pattern.startswith("!")
-        if _glob(pattern[1:] if negated else pattern).match(name):
+        pattern = pattern[1:] if negated else pattern
+        if pattern == name or ("*" in pattern or "?" in pattern) and _glob(pattern).match(name):
             if negated:
                 return False
             matched = True
@@ -156,14 +173,14 @@ class KnownHosts:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._entries: list[_Entry] = []
+        self._lines: list[_Line] = []
         for number, raw in enumerate(_read(self.path).splitlines(), start=1):
-            entry = self._parse(raw, number)
-            if entry is not None:
-                self._entries.append(entry)
+            line = self._parse(raw, number)
+            if line is not None:
+                self._lines.append(line)
 
     @staticmethod
-    def _parse(raw: str, number: int) -> _Entry | None:
+    def _parse(raw: str, number: int) -> _Line | None:
         parts = raw.split()
         if not parts or parts[0].startswith("#"):
             return None
@@ -174,26 +191,21 @@ class KnownHosts:
                 return None  # as OpenSSH: a line with an unknown marker is skipped
         if len(parts) < 3:
             return None  # malformed lines are skipped, as OpenSSH does
-        try:
-            blob = base64.b64decode(parts[2], validate=True)
-        except (ValueError, binascii.Error):
-            return None
-        if key_type_of(blob) != parts[1]:
-            return None  # as OpenSSH: the type named must be the key's own
-        return _Entry(parts[0], KnownKey(parts[1], blob, number, marker))
+        return _Line(marker, parts[0], parts[1], parts[2], number)
 
-    def _matching(self, name: str, marker: str | None) -> list[KnownKey]:
-        return [e.key for e in self._entries
-                if e.key.marker == marker and _match_field(e.field, name)]
+    def _keys(self, marker: str | None, name: str | None = None) -> list[KnownKey]:
+        """The valid keys of the lines with this marker (and naming `name`, if given)."""
+        keys = (line.key() for line in self._lines if line.marker == marker
+                and (name is None or _match_field(line.field, name)))
+        return [k for k in keys if k is not None]
 
     def lookup(self, address: str, port: int) -> list[KnownKey]:
         """The keys recorded for this address and port (no marker lines)."""
-        return self._matching(host_key_name(address, port), None)
+        return self._keys(None, host_key_name(address, port))
 
     def revoked(self, blob: bytes) -> KnownKey | None:
         """The `@revoked` line of this key, whatever host it names."""
-        return next((e.key for e in self._entries
-                     if e.key.marker == "@revoked" and e.key.blob == blob), None)
+        return next((k for k in self._keys("@revoked") if k.blob == blob), None)
 
     def is_revoked(self, blob: bytes) -> bool:
         return self.revoked(blob) is not None
@@ -218,15 +230,15 @@ class KnownHosts:
         name = host_key_name(address, port)
         offered = f" ({key_type_of(blob)} {fingerprint(blob)})" if blob else ""
         notes = []
-        portless = self._matching(address, None) if port != 22 else []
+        portless = self._keys(None, address) if port != 22 else []
         if portless:
             lines = ", ".join(str(k.line) for k in portless)
             notes.append(f"{self.path} line {lines} records {address} without a port, which "
                          f"means port 22 only: for port {port} the key must be recorded as "
                          f"{name}")
-        cas = self._matching(name, "@cert-authority")
+        cas = self._keys("@cert-authority", name)
         if port != 22:
-            cas += [k for k in self._matching(address, "@cert-authority") if k not in cas]
+            cas += [k for k in self._keys("@cert-authority", address) if k not in cas]
         if cas:
             lines = ", ".join(str(k.line) for k in cas)
             notes.append(f"{self.path} line {lines} is a @cert-authority line for this host, "
@@ -245,8 +257,8 @@ class KnownHosts:
         lines = [pinned_header(address, port)]
         lines += [f"{PIN_ALIAS} {k.keytype} {base64.b64encode(k.blob).decode()}"
                   for k in self.lookup(address, port)]
-        lines += [f"@revoked * {e.key.keytype} {base64.b64encode(e.key.blob).decode()}"
-                  for e in self._entries if e.key.marker == "@revoked"]
+        lines += [f"@revoked * {k.keytype} {base64.b64encode(k.blob).decode()}"
+                  for k in self._keys("@revoked")]
         return "\n".join(lines) + "\n"
 
     def append(self, address: str, port: int, keytype: str, blob: bytes) -> str:
@@ -266,8 +278,9 @@ class KnownHosts:
             self.path.chmod(0o600)
         except OSError as exc:
             raise TransportError(f"cannot write known_hosts file {self.path}: {exc}") from exc
-        name = host_key_name(address, port)
-        self._entries.append(_Entry(name, KnownKey(keytype, blob, 0)))
+        parsed = self._parse(line, 0)
+        if parsed is not None:
+            self._lines.append(parsed)
         return line
 
 
