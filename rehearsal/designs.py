@@ -3,9 +3,9 @@
 Two designs share one layout (``rehearsal/models.py`` turns a design into weights):
 
 * Every token id has an embedding that is one-hot on a hidden coordinate (``coord``): ids below
-  ``H - 2`` have their own coordinate; every id from ``H - 2`` up (the drafter's mask token
-  among them, the "mask group") shares coordinate ``H - 2``. Coordinate ``H - 1`` is the
-  "alarm" channel that only design 2's attention head writes.
+  ``H - 3`` have their own coordinate; every id from ``H - 3`` up (the drafter's mask token
+  among them, the "mask group") shares coordinate ``H - 3``. Coordinates ``H - 2`` and ``H - 1``
+  are the "previous-token" and "alarm" channels that only designs 3 and 2's heads write.
 * The target's layers are the identity (o_proj and down_proj zero) except, in design 2, one
   attention head of layer 0. The final hidden state is therefore the last token's one-hot
   (plus the alarm channel), and the LM head's column for a coordinate says "after this token
@@ -22,6 +22,12 @@ Two designs share one layout (``rehearsal/models.py`` turns a design into weight
   channel, whose LM-head column says "alarm token 50". So the target answers 50 whenever a 7 is
   visible: a tree node that sees a sibling or any non-ancestor (poison nodes are everywhere in
   the tree), or a poison node's KV kept by mistake, turns the answer into 50s.
+* Design 3 ("prevtoken") adds to design 2 a previous-token head in layer 0: q and k are the same
+  for every token and set, pair by RoPE pair, so that the score peaks at relative distance 1 by
+  more than 30 nats over every other distance up to the context length; its value marks token
+  103, and its output makes the target answer 106 after "103, x". So the ladder goes
+  ... 103 104 106 107 200, and a verify block whose positions are off by one relative to the
+  cached prefix (the root then sees the marker at distance 2 or 0) answers 105 instead.
 
 ``expected`` is the greedy output; ``predict_rounds`` the tokens committed by each speculative
 round; ``predicted_accept_length`` the long-run ``spec_accept_length``. They are computed from
@@ -49,6 +55,8 @@ class Design:
     name: str
     summary: str
     alarm: int | None = None  # design 2: the token answered whenever the poison is visible
+    prev_marker: int | None = None  # design 3: after "marker, any token" comes prev_next
+    prev_next: int = 106
     poison: int = 7
     attractor: int = 200
     ladder: tuple[int, ...] = tuple(range(100, 108))
@@ -74,10 +82,17 @@ class Design:
     draft_logit_other: float = -14.0  # drafter: every other token
     alarm_logit: float = 16.0  # LM head, alarm channel -> alarm token
     alarm_gain: float = 8192.0  # o_proj gain from the poison fraction to the alarm channel
+    prev_logit: float = 12.0  # LM head, previous-token channel -> prev_next
+    prev_pairs: tuple[float, ...] = (3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # RoPE pair weights
+    prev_qk_gain: float = 5.0  # q_norm and k_norm weight (the previous-token head's sharpness)
 
     # ---------------------------------------------------------------- layout
     @property
     def mask_coord(self) -> int:
+        return self.hidden_size - 3
+
+    @property
+    def prev_coord(self) -> int:
         return self.hidden_size - 2
 
     @property
@@ -129,6 +144,13 @@ DESIGNS: dict[str, Design] = {
             "answer the alarm token (a tree-mask or KV-slot error changes the output)",
             alarm=50,
         ),
+        Design(
+            name="prevtoken",
+            summary="as alarm, plus a layer-0 previous-token head (RoPE): after 103, x comes 106 "
+            "(a verify block off by one position changes the output)",
+            alarm=50,
+            prev_marker=103,
+        ),
     )
 }
 
@@ -149,6 +171,10 @@ def next_token(design: Design, context: Sequence[int]) -> int:
         raise ValueError("the context must hold at least one token")
     if design.alarm is not None and design.poison in context:
         return design.alarm
+    if design.prev_marker is not None:
+        previous = context[-2] if len(context) > 1 else context[-1]  # alone, a token sees itself
+        if previous == design.prev_marker:
+            return design.prev_next
     return design.successor(context[-1])
 
 
@@ -172,16 +198,47 @@ def target_margin(design: Design, max_visible: int | None = None) -> dict[str, f
 
     ``plain``: after a token below the mask group with no poison visible; ``mask_group``: after
     a token of the mask group (the drafter's gap: keep such ids out of prompts); ``alarm``
-    (design 2): with at least one poison among ``max_visible`` visible tokens (default: the
-    context length plus a 64-node tree).
+    (designs 2, 3): with at least one poison among ``max_visible`` visible tokens (default: the
+    context length plus a 64-node tree); ``previous_token`` (design 3): after "marker, x", and
+    ``previous_token_attention_gap``: how far (nats) distance 1 out-scores every other distance.
     """
-    g = design.norm_gain()
+    g = design.norm_gain()  # also each head's value: input_layernorm's output times 1/sqrt(H)
+    he = design.hidden_size * design.rms_norm_eps
     out = {"plain": design.successor_logit * g, "mask_group": design.draft_gap * g}
     if design.alarm is not None:
         n = max_visible if max_visible is not None else design.context_length + 65
-        x = design.alarm_gain / n  # alarm channel (before the norm) with one poison in n
-        out["alarm"] = (design.alarm_logit * x - design.successor_logit) / math.sqrt(1 + x * x)
+        x = design.alarm_gain * g / n  # alarm channel (before the norm) with one poison in n
+        out["alarm"] = (design.alarm_logit * x - design.successor_logit) / math.sqrt(1 + x * x + he)
+    if design.prev_marker is not None:
+        # After "marker, x": the previous-token channel (about 1) beside the token's 1.0.
+        margin = (design.prev_logit * g - design.successor_logit) / math.sqrt(1 + g * g + he)
+        out["previous_token"] = margin
+        out["previous_token_attention_gap"] = prev_head_gap(design)
     return out
+
+
+def prev_head_scores(design: Design, max_distance: int) -> list[float]:
+    """Design 3's attention score (nats) at relative distance 0..max_distance (peak at 1).
+
+    q_norm and k_norm (weight g) make k = g*sqrt(hd/P) on the first P RoPE pairs (real part) and
+    q's pair i = g*c_i*8/|c| * exp(-j*theta_i); RoPE turns q.k into sum_i a_i*cos((d-1)*theta_i).
+    """
+    hd, pairs = design.head_dim, design.prev_pairs
+    norm = math.sqrt(sum(c * c for c in pairs))
+    k = design.prev_qk_gain * math.sqrt(hd / len(pairs))
+    amp = [design.prev_qk_gain * c * math.sqrt(hd) / norm * k / math.sqrt(hd) for c in pairs]
+    theta = [design.rope_theta ** (-2 * i / hd) for i in range(len(pairs))]
+    return [
+        sum(a * math.cos((d - 1) * t) for a, t in zip(amp, theta, strict=True))
+        for d in range(max_distance + 1)
+    ]
+
+
+def prev_head_gap(design: Design, max_distance: int | None = None) -> float:
+    """Score at distance 1 minus the best other distance (nats), up to the context + a tree."""
+    n = max_distance if max_distance is not None else design.context_length + 65
+    scores = prev_head_scores(design, n)
+    return scores[1] - max(s for d, s in enumerate(scores) if d != 1)
 
 
 # ------------------------------------------------------------------- drafter

@@ -1,6 +1,6 @@
 """Write the rehearsal's hand-set Qwen3 target and DFlash drafter (config.json + model.safetensors).
 
-    python -m rehearsal.models OUTDIR [--design ladder|alarm]
+    python -m rehearsal.models OUTDIR [--design ladder|alarm|prevtoken]
 
 writes OUTDIR/target and OUTDIR/draft for SGLang 0.5.11 (``--skip-tokenizer-init``: requests
 send input_ids) and OUTDIR/design.json, and prints the design, its logit margins and its
@@ -37,14 +37,42 @@ def _norm_weight(design: Design) -> torch.Tensor:
     return torch.full((design.hidden_size,), 1.0 / math.sqrt(design.hidden_size))
 
 
-def _layer(design: Design, prefix: str, *, alarm_head: bool) -> dict[str, torch.Tensor]:
-    """One decoder layer that is the identity (zero o_proj and down_proj) unless alarm_head."""
+def _prev_head(design: Design, q, k, v, o) -> float:
+    """Design 3's previous-token head: query head 2 on KV head 1; returns the q/k norm weight.
+
+    q and k are the same for every token (every token coordinate's column is equal); after
+    q_norm/k_norm, k is real on the first P RoPE pairs and q's pair i is c_i * exp(-j*theta_i),
+    so RoPE makes the score sum_i a_i*cos((distance - 1)*theta_i): a peak at distance 1
+    (rehearsal.designs.prev_head_scores). The value marks the marker token; o_proj carries head
+    2's dim 0 to the previous-token channel.
+    """
+    hd, half = design.head_dim, design.head_dim // 2
+    scale = 1.0 / math.sqrt(design.hidden_size)  # undo input_layernorm's sqrt(H)
+    qrow, krow = 2 * hd, 1 * hd  # query head 2, KV head 1 (GQA: heads 2, 3 -> KV head 1)
+    tokens = slice(0, design.mask_coord + 1)
+    for i, c in enumerate(design.prev_pairs):
+        theta = design.rope_theta ** (-2 * i / hd)
+        q[qrow + i, tokens] = c * math.cos(theta) * scale
+        q[qrow + half + i, tokens] = -c * math.sin(theta) * scale
+        k[krow + i, tokens] = scale
+    if design.prev_marker is None:
+        raise ValueError(f"design {design.name} has no previous-token marker")
+    v[krow, design.coord(design.prev_marker)] = scale
+    o[design.prev_coord, qrow] = 1.0
+    return design.prev_qk_gain
+
+
+def _layer(design: Design, prefix: str, *, heads: bool) -> dict[str, torch.Tensor]:
+    """A decoder layer: the identity (zero o_proj and down_proj), or with the design's heads."""
     h, hd = design.hidden_size, design.head_dim
     q = torch.zeros(design.num_heads * hd, h)
     k = torch.zeros(design.num_kv_heads * hd, h)
     v = torch.zeros(design.num_kv_heads * hd, h)
     o = torch.zeros(h, design.num_heads * hd)
-    if alarm_head:
+    qk_norm = 1.0
+    if heads and design.prev_marker is not None:
+        qk_norm = _prev_head(design, q, k, v, o)
+    if heads:
         # input_layernorm (weight 1) turns a one-hot 1.0 into sqrt(H); value 1 for the poison.
         v[0, design.coord(design.poison)] = 1.0 / math.sqrt(h)
         # q = 0: every visible token gets the same score, so head 0 outputs the poison
@@ -58,8 +86,8 @@ def _layer(design: Design, prefix: str, *, alarm_head: bool) -> dict[str, torch.
         f"{prefix}self_attn.k_proj.weight": k,
         f"{prefix}self_attn.v_proj.weight": v,
         f"{prefix}self_attn.o_proj.weight": o,
-        f"{prefix}self_attn.q_norm.weight": torch.ones(hd),
-        f"{prefix}self_attn.k_norm.weight": torch.ones(hd),
+        f"{prefix}self_attn.q_norm.weight": torch.full((hd,), qk_norm),
+        f"{prefix}self_attn.k_norm.weight": torch.full((hd,), qk_norm),
         f"{prefix}mlp.gate_proj.weight": torch.zeros(inter, h),
         f"{prefix}mlp.up_proj.weight": torch.zeros(inter, h),
         f"{prefix}mlp.down_proj.weight": torch.zeros(h, inter),
@@ -80,15 +108,15 @@ def target_weights(design: Design) -> dict[str, torch.Tensor]:
         head[t, design.mask_coord] = z
     if design.alarm is not None:
         head[design.alarm, design.alarm_coord] = design.alarm_logit
+    if design.prev_marker is not None:
+        head[design.prev_next, design.prev_coord] = design.prev_logit
     w: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": embed,
         "model.norm.weight": _norm_weight(design),
         "lm_head.weight": head,
     }
     for i in range(design.num_layers):
-        w.update(
-            _layer(design, f"model.layers.{i}.", alarm_head=design.alarm is not None and i == 0)
-        )
+        w.update(_layer(design, f"model.layers.{i}.", heads=design.alarm is not None and i == 0))
     return {k: v.to(DTYPE).contiguous() for k, v in w.items()}
 
 
@@ -105,7 +133,7 @@ def draft_weights(design: Design) -> dict[str, torch.Tensor]:
         "norm.weight": _norm_weight(design),
     }
     for i in range(design.draft_layers):
-        w.update(_layer(design, f"layers.{i}.", alarm_head=False))
+        w.update(_layer(design, f"layers.{i}.", heads=False))
     return {k: v.to(DTYPE).contiguous() for k, v in w.items()}
 
 
@@ -241,7 +269,12 @@ def describe(design: Design) -> str:
         f"design {design.name}: {design.summary}",
         f"  poison {design.poison} (drafter top-1), attractor {design.attractor} (drafter rank 2,"
         f" {design.draft_gap} logits lower), ladder {design.ladder[0]}..{design.ladder[-1]}"
-        + (f", alarm {design.alarm}" if design.alarm is not None else ""),
+        + (f", alarm {design.alarm}" if design.alarm is not None else "")
+        + (
+            f", after {design.prev_marker} x comes {design.prev_next}"
+            if design.prev_marker is not None
+            else ""
+        ),
         "  target logit margins: "
         + ", ".join(f"{k} {v:.4f}" for k, v in margins.items())
         + f" (prompt ids < {design.mask_coord} for the plain margin)",

@@ -34,11 +34,21 @@ from rehearsal.designs import (  # noqa: E402
     predict_rounds,
     predicted_accept_length,
     predicted_meta,
+    prev_head_gap,
+    prev_head_scores,
     target_margin,
     tree_accepts,
 )
 
-PROMPTS = ([1, 2, 3, 4, 5], [9, 104], [33, 200], [7, 7, 12, 106], [250, 3, 3, 3, 3, 3, 3, 3, 200])
+PROMPTS = (
+    [1, 2, 3, 4, 5],
+    [9, 104],
+    [33, 200],
+    [7, 7, 12, 106],
+    [250, 3, 3, 3, 3, 3, 3, 3, 200],
+    [103, 5],
+    [103],
+)
 
 
 # ------------------------------------------------------------------ loading
@@ -199,6 +209,7 @@ def spec_decode(
     budget: int = 15,
     topk: int = 8,
     corrupt=None,
+    shift: int = 0,
 ) -> tuple[list[int], list[int]]:
     """Greedy speculative decoding with the payload's core; returns (output, tokens per round)."""
     d = m.design
@@ -217,7 +228,7 @@ def spec_decode(
         vin = compile_tree(tree, torch.tensor([len(seq) - 1]), backend="torch")
         mask = vin.mask[0] if corrupt is None else corrupt(tree, vin.mask[0])
         ids = seq[:-1] + vin.input_ids[0].tolist()
-        pos = torch.cat([torch.arange(len(seq) - 1), vin.positions[0]])
+        pos = torch.cat([torch.arange(len(seq) - 1), vin.positions[0] + shift])
         logits, _ = target_forward(m, ids, pos, verify_mask(len(seq) - 1, mask))
         target_tokens = logits[len(seq) - 1 :].argmax(-1)[None]
         walk = walk_tree(tree, target_tokens, vin.mask, backend="torch")
@@ -272,9 +283,16 @@ def test_greedy_output_is_the_closed_form_with_its_margin(
     out, gaps = greedy(loaded, prompt, 14)
     assert out == expected(d, prompt, 14)
     margins = target_margin(d)
-    poisoned = d.alarm is not None and d.poison in prompt
-    want = margins["alarm"] if poisoned else margins["plain"]
-    assert min(gaps) >= want - 1e-3, (gaps, want)
+    for step, gap in enumerate(gaps):
+        context = prompt + out[:step]
+        previous = context[-2] if len(context) > 1 else context[-1]
+        if d.alarm is not None and d.poison in context:
+            want = margins["alarm"]
+        elif d.prev_marker is not None and previous == d.prev_marker:
+            want = margins["previous_token"]
+        else:
+            want = margins["plain"]
+        assert gap >= want - 1e-3, (step, gap, want)
 
 
 def test_alarm_design_depends_on_an_earlier_token(loaded: Loaded) -> None:
@@ -330,7 +348,7 @@ def test_dflash_chain_accepts_what_the_design_predicts(loaded: Loaded) -> None:
 
 def test_bfloat16_compute_gives_the_designed_logits_exactly(loaded: Loaded) -> None:
     d, bf = loaded.design, loaded.in_bfloat16()
-    _, gaps = greedy(bf, [1, 2, 3], 10)
+    _, gaps = greedy(bf, [33, 200], 10)
     assert gaps == [d.successor_logit] * 10  # the norms round to exactly 1.0 in bfloat16
     top = draft_logits(bf, [1, 2, 200]).topk(3, -1)
     named = [d.draft_logit_poison, d.draft_logit_poison - d.draft_gap, d.draft_logit_other]
@@ -338,6 +356,9 @@ def test_bfloat16_compute_gives_the_designed_logits_exactly(loaded: Loaded) -> N
     out, rounds = spec_decode(bf, [33, 200], 20, "DDTREE", 31, 8)
     assert out == expected(d, [33, 200], 20)
     assert rounds == predict_rounds(d, [33, 200], 20, "DDTREE", 31, 8) == [5, 5, 5, 4]
+    out, rounds = spec_decode(bf, [1, 2, 3], 20, "DDTREE", 31, 8)  # through the ladder
+    assert out == expected(d, [1, 2, 3], 20)
+    assert rounds == predict_rounds(d, [1, 2, 3], 20, "DDTREE", 31, 8)
 
 
 def see_a_sibling(tree, mask: torch.Tensor) -> torch.Tensor:
@@ -360,6 +381,28 @@ def test_a_node_seeing_its_sibling_changes_only_the_alarm_design(loaded: Loaded)
     else:
         assert out != expected(d, prompt, n)
         assert out[2] == d.alarm  # round 1: the attractor at depth 1 (accepted), then its answer
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_a_verify_block_off_by_one_position_changes_only_the_prevtoken_design(
+    loaded: Loaded, shift: int
+) -> None:
+    d = loaded.design
+    prompt, n = [1, 2, 3], 12  # the ladder passes 103, 104: the marker's round has root 104
+    out, _ = spec_decode(loaded, prompt, n, "DDTREE", 15, 8, shift=shift)
+    if d.prev_marker is None:
+        assert out == expected(d, prompt, n)  # position-blind
+    else:
+        assert expected(d, prompt, n)[:8] == [100, 101, 102, 103, 104, 106, 107, 200]
+        assert out[:6] == [100, 101, 102, 103, 104, 105]  # the root no longer sees 103 at 1
+
+
+def test_prev_head_peaks_at_distance_one_up_to_the_context() -> None:
+    d = get_design("prevtoken")
+    scores = prev_head_scores(d, d.context_length + 65)
+    assert max(range(len(scores)), key=scores.__getitem__) == 1
+    assert prev_head_gap(d) > 30  # 4161 keys at most: the weight off distance 1 is < 4161 e^-30
+    assert scores[0] == pytest.approx(scores[2])  # symmetric: a shift of one splits the weight
 
 
 def test_prediction_edges_and_ambiguity() -> None:
