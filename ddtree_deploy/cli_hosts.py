@@ -88,22 +88,20 @@ out = console()
 @app.command("list")
 def list_hosts(ctx: typer.Context) -> None:
     """The hosts and deployments of the hosts file (validated in full)."""
-    from rich.table import Table
+    from ddtree_deploy.render_table import add_row, make_table
 
     config = config_of(ctx)
-    table = Table(title=f"hosts ({config.path})")
-    for col in ("host", "target", "user", "GPUs expected", "venvs"):
-        table.add_column(col)
+    table = make_table(f"hosts ({config.path})", ("host", "target", "user", "GPUs expected",
+                                                   "venvs"))
     for name, spec in config.hosts.items():
         gpus = f"{spec.gpus.count}x {spec.gpus.model or ''}".strip() if spec.gpus else "-"
         venvs = ", ".join(f"{v}={p.path}" for v, p in spec.venvs.items())
-        table.add_row(name, f"{spec.target}:{spec.port}", spec.user, gpus, venvs)
+        add_row(table, name, f"{spec.target}:{spec.port}", spec.user, gpus, venvs)
     out.print(table)
-    deps = Table(title="deployments")
-    for col in ("deployment", "host", "venv", "lane", "algorithm", "gpu", "port"):
-        deps.add_column(col)
+    deps = make_table("deployments", ("deployment", "host", "venv", "lane", "algorithm", "gpu",
+                                      "port"))
     for name, dep in config.deployments.items():
-        deps.add_row(name, dep.host, dep.venv, dep.cuda_lane, dep.algorithm,
+        add_row(deps, name, dep.host, dep.venv, dep.cuda_lane, dep.algorithm,
                      str(dep.gpu if dep.gpu is not None else "auto"),
                      str(dep.port if dep.port is not None else "auto"))
     out.print(deps)
@@ -116,28 +114,29 @@ def check(
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
 ) -> None:
     """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""
-    from rich.table import Table
-
+    from ddtree_deploy.cli_text import cell
     from ddtree_deploy.hostcheck import check_host
+    from ddtree_deploy.render_table import add_row, make_table, notes
 
     config = config_of(ctx)
     names = hosts_or_all(config, hosts)
     outcomes = fan_out(names, lambda h: check_host(config, config.host(h)),
                        concurrency=concurrency)
-    table = Table(title="hosts check")
-    for col in ("host", "status", "hostname", "GPUs (used/total MiB)", "venvs"):
-        table.add_column(col)
+    table = make_table("hosts check", ("host", "status", "hostname", "GPUs (used/total MiB)",
+                                       "venvs"))
     for o in outcomes:
-        if o.value is None:
-            table.add_row(o.host, "[red]failed[/red]", str(o.error), "", "")
+        if o.value is None:  # the error goes under the table, whole (a fingerprint is not cut)
+            add_row(table, o.host, cell("failed", "red"), "(below)", "", "")
             continue
         c = o.value
         models = sorted({g.name for g in c.gpus})
         gpus = "\n".join([f"{len(c.gpus)}x {', '.join(models)}"] if c.gpus else [])
         gpus += "".join(f"\n GPU{g.index}: {g.used_mib}/{g.total_mib}" for g in c.gpus)
         venvs = "\n".join(f"{'ok' if ok else 'MISSING'} {p}" for p, ok in c.venvs.items())
-        table.add_row(o.host, "[green]ok[/green]", c.hostname, gpus or c.gpu_error, venvs)
+        add_row(table, o.host, cell("ok", "green"), c.hostname, gpus or c.gpu_error, venvs)
     out.print(table)
+    for note in notes((o.host, str(o.error)) for o in outcomes if o.value is None):
+        out.print(note)
     code = exit_code(outcomes)
     if code:
         raise typer.Exit(int(code))

@@ -69,6 +69,9 @@ def test_hostile_command_line(case: dict[str, Any], tmp_path: Path) -> None:
         assert text in ran.stdout, shown
     for text in case.get("stdout_lacks", []):
         assert text not in ran.stdout, shown
+    if "max_width" in case:
+        wide = [line for line in ran.stdout.splitlines() if len(line) > case["max_width"]]
+        assert wide == [], shown
     if "stdout_json_error" in case:
         data = json.loads(ran.stdout)
         assert case["stdout_json_error"] in data["error"] and data["exit_code"] == case["rc"]
