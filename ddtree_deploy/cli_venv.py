@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ddtree_deploy.cli_common import config_of, console
+from ddtree_deploy.cli_text import plain
 
 app = typer.Typer(help="Venvs on a host.", no_args_is_help=True)
 out = console(soft_wrap=True)
@@ -29,5 +30,5 @@ def clone(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, spec) as t:
         result = do_clone(t, src, dst)
     FactsCache().drop(spec)
-    out.print(f"{host}: {src} -> {dst} (fixed {len(result.fixed_scripts)} scripts: "
-              f"{', '.join(result.fixed_scripts) or '-'})", highlight=False)
+    out.print(plain(f"{host}: {src} -> {dst} (fixed {len(result.fixed_scripts)} scripts: "
+                    f"{', '.join(result.fixed_scripts) or '-'})"), markup=False, highlight=False)
