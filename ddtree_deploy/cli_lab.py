@@ -35,18 +35,15 @@ def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
                 "unshaped again by `lab down` and by the next `lab up`"),
        ) -> None:
     """Bring the lab up (clearing leftovers of an earlier run first)."""
-    from rich.table import Table
-
     from ddtree_deploy.lab import manager
+    from ddtree_deploy.render_table import add_row, make_table
 
     with err.status("lab up ..."):
         hosts = manager.up(extra=extra, report=_say, wait_s=wait, link_rate=link_rate)
-    table = Table(title="lab hosts")
-    for col in ("host", "address", "GPUs", "venvs"):
-        table.add_column(col)
+    table = make_table("lab hosts", ("host", "address", "GPUs", "venvs"))
     for h in hosts:
-        table.add_row(h.name, h.address, f"{len(h.gpus)}x {h.gpus[0].name}",
-                      ", ".join(v.path for v in h.venvs))
+        add_row(table, h.name, h.address, f"{len(h.gpus)}x {h.gpus[0].name}",
+                ", ".join(v.path for v in h.venvs))
     out.print(table)
 
 
@@ -65,20 +62,17 @@ def down(purge: bool = typer.Option(False, "--purge",
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """Show each lab host: container running, sshd answering."""
-    from rich.table import Table
-
     from ddtree_deploy.lab import manager
+    from ddtree_deploy.render_table import add_row, make_table
 
     rows = manager.status()
     if as_json:
         print_json(out, [asdict(r) for r in rows])
     else:
-        table = Table(title="lab status")
-        for col in ("host", "address", "container", "ssh"):
-            table.add_column(col)
+        table = make_table("lab status", ("host", "address", "container", "ssh"))
         for r in rows:
-            table.add_row(r.name, r.address, f"running (pid {r.pid})" if r.running else "stopped",
-                          "up" if r.ssh else "down")
+            add_row(table, r.name, r.address, f"running (pid {r.pid})" if r.running else "stopped",
+                    "up" if r.ssh else "down")
         out.print(table if rows else "lab is down")
     if rows and not all(r.running and r.ssh for r in rows):
         raise typer.Exit(int(ExitCode.FAILED))
