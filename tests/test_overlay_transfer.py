@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -336,3 +337,37 @@ def test_staging_outside_its_venv_is_refused(venv, cache, tmp_path: Path, layout
     with pytest.raises(DeployError, match="not a staging folder inside its venv"):
         push(LocalTransport(), str(tmp_path / layout), files, cache, python=PY)
     assert not any((outside / ".ddtree-deploy" / "overlay" / "staging").iterdir())
+
+
+def test_blobs_verified_on_arrival_are_not_hashed_again(venv, cache, tmp_path: Path) -> None:
+    import json
+
+    from ddtree_deploy.overlay.transfer import staging_check
+
+    sp, files = venv
+    host = LocalTransport()
+    fetch(host, str(sp), files, cache, python=PY)
+    staging = tmp_path / STAGE
+    push(host, str(staging), files, cache, python=PY)
+    records = [json.loads(line) for line in (staging / "verified.jsonl").read_text().splitlines()]
+    assert {r[0] for r in records} == {f.sha256 for f in files}  # the receiver hashed each
+    big = files[0]
+    blob = staging / "blobs" / big.sha256
+    # The record, not the bytes, is what the check reads: a blob swapped behind a record
+    # that still matches its stat (here forged, which takes writing the record) is trusted...
+    blob.write_bytes(b"Z" * big.size)
+    st = blob.stat()
+    with (staging / "verified.jsonl").open("a") as fh:
+        fh.write(json.dumps([big.sha256, st.st_size, st.st_ino, st.st_mtime_ns,
+                             st.st_ctime_ns]) + "\n")
+    uniq = list({f.sha256: f for f in files}.values())
+    assert big.sha256 in staging_check(host, str(staging), uniq, python=PY).present
+    # ...and any later change of the blob (its ctime moves) makes it hashed, found, resent.
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back: ctime still moves
+    while blob.stat().st_ctime_ns == st.st_ctime_ns:  # the kernel's clock ticks coarsely
+        time.sleep(0.005)
+        os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    state = staging_check(host, str(staging), uniq, python=PY)
+    assert big.sha256 not in state.present and not blob.exists()
+    again = push(host, str(staging), files, cache, python=PY)
+    assert again.files == 1 and hashlib.sha256(blob.read_bytes()).hexdigest() == big.sha256

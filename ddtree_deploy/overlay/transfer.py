@@ -15,28 +15,11 @@ verified; anything missing or damaged raises IntegrityError.
 Memory stays bounded: 1 MiB chunks and an OS pipe between the transport's thread
 and the tar reader or writer; no file is ever held whole.
 
-The numbers behind the choices (benchmarks/transfer_ssh_vs_paramiko.py, 530 MB of
-real .so files from the torch and CUDA runtime wheels, loopback sshd, 2-core
-machine, median of 3; benchmarks/results/transfer_ssh_vs_paramiko.txt):
-
-    client    compression        seconds   MB/s  wire MB
-    paramiko  none                  2.01  263.7    529.9
-    openssh   none                  2.21  240.0    529.9
-    paramiko  zstd -3               2.14  247.2    127.0
-    paramiko  zstd -1 --long=27     2.06  257.1    137.9
-    openssh   zstd -1 --long=27     1.88  281.2    137.9
-
-* paramiko vs the system OpenSSH client: within 10% of each other either way on
-  loopback (the CPU, not the cipher, is the limit), so bulk data stays on the
-  transport's own paramiko channel: one connection, one host-key policy, jump
-  hosts for free. No subprocess `ssh` path.
-* zstd -1 --long=27 costs nothing measurable end to end even on loopback at
-  ~260 MB/s and sends 3.8x fewer bytes, so on any slower link (1-10 GbE,
-  the workstation's uplink) it is proportionally faster. Plain zstd -1 sent
-  146 MB (long mode: 6% less); level 3 only 8% less than -1 --long for more CPU
-  (with --long: 2.55 s). Near-duplicate cu12/cu13 library pairs were not in this
-  data set. So: zstd -1 --long=27 (128 MiB window) whenever the far host has a
-  `zstd` binary, plain tar otherwise.
+relay.py composes these into the pipelined transfer (the source's stream goes to
+every target while it arrives); whether a stream is compressed is measured there
+(wire.py). The measurements behind the transport and compression choices, old and
+new, are in benchmarks/RESULTS.md ("Bulk transfer" and "Overlay on the real CUDA 13
+lane").
 """
 
 from __future__ import annotations
