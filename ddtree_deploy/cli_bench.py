@@ -89,7 +89,7 @@ def run(
     from ddtree_deploy.bench.prepare import host_facts, pick_deployment, prepare
     from ddtree_deploy.bench.results import Results, results_dir
     from ddtree_deploy.bench.server import PlainControl, SystemdControl
-    from ddtree_deploy.bench.sweep import Hooks, make_plan, run_sweep
+    from ddtree_deploy.bench.sweep import make_plan, run_sweep
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.lock import HostLock
     from ddtree_deploy.transport import Command
@@ -193,3 +193,115 @@ def _with_progress(body: Any, total: int, check_lock: Any, as_json: bool) -> dic
         result = body(Hooks(say=lambda m: bar.console.print(m, markup=False, highlight=False),
                             cell_done=done, check_lock=check_lock))
         return result
+
+
+def _results_path(ctx: typer.Context, results_file: Path | None, host: str | None,
+                  deployment: str | None) -> Path:
+    from ddtree_deploy.bench.results import results_dir
+
+    if results_file is not None:
+        return results_file
+    if host is None:
+        raise UsageError("give --results FILE, or HOST [DEPLOYMENT] to find the results in the "
+                         "XDG state folder")
+    from ddtree_deploy.bench.prepare import pick_deployment
+
+    config = config_of(ctx)
+    spec_host = config.host(host)
+    dep = pick_deployment(config, spec_host, deployment)
+    service = dep.service_name if dep else "sglang"
+    return results_dir(spec_host.name, service) / "results.json"
+
+
+@app.command("report")
+def report(
+    ctx: typer.Context,
+    host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
+    deployment: str = typer.Argument(None),
+    results_file: Path = typer.Option(None, "--results", metavar="FILE"),
+    out_dir: Path = typer.Option(None, "--out", metavar="DIR",
+                                 help="default: a report/ folder beside the results"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Markdown, HTML and LaTeX report with charts (each PNG with its CSV) from bench results."""
+    from ddtree_deploy.bench.report import build_report
+    from ddtree_deploy.bench.results import Results
+
+    path = _results_path(ctx, results_file, host, deployment)
+    results = Results.load(path)
+    made = build_report(results, out_dir or path.parent / "report")
+    if as_json:
+        print_json(out, made.to_json())
+        return
+    _say(f"report: {made.out_dir / 'report.md'} and report.html ({len(made.files)} files)")
+    overall = made.recommendation.get("overall")
+    if overall:
+        _say(f"best overall: {overall['name']} ({overall['margin_over_dflash'] * 100:+.1f}% over "
+             f"DFlash, spread {overall['spread'] * 100:.1f}%)")
+
+
+@app.command("recommend")
+def recommend_cmd(
+    ctx: typer.Context,
+    host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
+    deployment: str = typer.Argument(None),
+    results_file: Path = typer.Option(None, "--results", metavar="FILE"),
+    write: str = typer.Option(None, "--write", metavar="DEPLOYMENT",
+                              help="write the overall choice into this deployment of the hosts "
+                                   "file (a diff is shown first)"),
+    workload: str = typer.Option(None, "--workload",
+                                 help="write the choice for this workload instead of overall"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="write without asking"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The best configuration per workload and overall, its margin over DFlash and spread."""
+    from ddtree_deploy.bench import hostsedit
+    from ddtree_deploy.bench.recommend import NoDflash, recommend
+    from ddtree_deploy.bench.results import Results
+    from ddtree_deploy.bench.summary import fold
+
+    path = _results_path(ctx, results_file, host, deployment)
+    try:
+        rec = recommend(fold(Results.load(path)))
+    except NoDflash as exc:
+        raise UsageError(f"{path}: {exc}", hint="the grid needs a dflash configuration") from None
+    choice = rec["workloads"].get(workload) if workload else rec["overall"]
+    if workload and workload not in rec["workloads"]:
+        raise UsageError(f"no recommendation for workload {workload!r}; have: "
+                         f"{', '.join(rec['workloads']) or 'none'}")
+    data: dict[str, Any] = {"results": str(path),
+                            "overall": rec["overall"].to_json() if rec["overall"] else None,
+                            "workloads": {w: c.to_json() for w, c in rec["workloads"].items()}}
+    if not as_json:
+        for scope, c in [("overall", rec["overall"]), *rec["workloads"].items()]:
+            if c is None:
+                _say(f"{scope}: no configuration measured in every cell without failures")
+                continue
+            noise = "  (within the spread)" if c.within_noise else ""
+            _say(f"{scope:>10}: {c.name:<16} {c.margin * 100:+6.1f}% over DFlash, spread "
+                 f"{c.spread * 100:4.1f}% over {c.cells} cells{noise}")
+    if write:
+        if choice is None:
+            raise UsageError("nothing to write: no configuration was measured in every cell")
+        config = config_of(ctx)
+        old, new = hostsedit.new_text(config.path, write, choice)
+        patch = hostsedit.diff(config.path, old, new)
+        data["write"] = {"deployment": write, "file": str(config.path), "diff": patch,
+                         "written": False}
+        if not patch:
+            _say(f"{config.path}: deployment {write} already has this configuration")
+        else:
+            if not as_json:
+                sys.stderr.write(patch)
+            if not yes:
+                if not sys.stdin.isatty():
+                    raise UsageError("recommend --write edits the hosts file: confirm on a "
+                                     "terminal, or pass --yes")
+                if not typer.confirm(f"Write this into {config.path}?", default=False):
+                    raise typer.Exit(int(ExitCode.FAILED))
+            hostsedit.write(config.path, new)
+            data["write"]["written"] = True
+            _say(f"{config.path}: deployment {write} now uses {choice.name}; "
+                 f"`ddtree-deploy plan` shows the restart it needs")
+    if as_json:
+        print_json(out, data)

@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddtree_deploy" / "lab" /
                        "standin_server"))
 
-from ddtree_lab_standin import http as labhttp  # noqa: E402
-from ddtree_lab_standin import serving  # noqa: E402
-from ddtree_lab_standin.speedmodel import SpeedModel  # noqa: E402
+from ddtree_lab_standin import http as labhttp
+from ddtree_lab_standin import serving
+from ddtree_lab_standin.speedmodel import SpeedModel
 
 
 def main(argv: list[str]) -> int:

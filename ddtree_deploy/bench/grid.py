@@ -153,7 +153,12 @@ def build(configs: list[BenchConfig], *, workloads: tuple[str, ...], **values: A
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
         raise UsageError(f"configurations listed twice: {', '.join(twice)}")
-    return Grid(configs=tuple(configs), workloads=workloads, **values)
+    grid = Grid(configs=tuple(configs), workloads=workloads, **values)
+    if grid.requests < max(grid.concurrency):
+        raise UsageError(f"requests: {grid.requests} per cell cannot reach concurrency "
+                         f"{max(grid.concurrency)}", hint="give at least as many requests as the "
+                         "highest concurrency")
+    return grid
 
 
 def from_flags(configs: str, concurrency: str, sampling: str, workloads: str,
