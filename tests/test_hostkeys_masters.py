@@ -16,6 +16,7 @@ import paramiko
 import pytest
 from sshd_fixture import Sshd, keygen, openssh_fingerprint
 
+from ddtree_deploy.errors import HostKeyError
 from ddtree_deploy.transport import openssh
 from ddtree_deploy.transport.hostkeys import HOST_KEY_ALGORITHMS, HostKeyChangedError, KnownHosts
 from ddtree_deploy.transport.openssh import OpenSshTransport
@@ -144,3 +145,41 @@ def test_the_pinned_file_holds_what_check_accepts(tmp_path: Path) -> None:
                     f"ddtree-deploy-pinned {' '.join(a)}", f"@revoked * {' '.join(c)}"]
     assert KnownHosts(known).pinned_text("h.example", 22).splitlines()[1:] == [
         f"ddtree-deploy-pinned {' '.join(b)}", f"@revoked * {' '.join(c)}"]
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_an_ssh_config_alias_is_looked_up_by_its_hostname_and_port(
+        sshd: Sshd, tmp_path: Path, transport: str) -> None:
+    """Both paths read the alias's HostName and Port (OpenSSH through `ssh -G`) and judge the
+    key recorded for [HostName]:Port, never for the alias's own name."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host boxalias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+                   f"  IdentityFile {sshd.client_key}\n  IdentitiesOnly yes\n")
+    key = " ".join(sshd.host_key.with_suffix(".pub").read_text().split()[:2])
+    files = {}
+    for name, line in {"right": f"[127.0.0.1]:{sshd.port} {key}", "portless": f"127.0.0.1 {key}",
+                       "by-alias": f"[boxalias]:{sshd.port} {key}"}.items():
+        files[name] = tmp_path / name
+        files[name].write_text(line + "\n")
+
+    def run(known_hosts: Path) -> str:
+        t: OpenSshTransport | SshTransport
+        if transport == "openssh":
+            t = OpenSshTransport("boxalias", known_hosts=known_hosts, ssh_config=cfg,
+                                 connect_timeout=5, persist=5, name="box")
+        else:
+            t = SshTransport("boxalias", known_hosts=known_hosts, ssh_config=cfg,
+                             connect_timeout=5, name="box")
+        try:
+            return t.run("echo in").stdout
+        finally:
+            if isinstance(t, OpenSshTransport):
+                t.disconnect()
+            t.close()
+
+    assert run(files["right"]) == "in\n"
+    with pytest.raises(HostKeyError) as info:
+        run(files["portless"])
+    assert f"must be recorded as [127.0.0.1]:{sshd.port}" in str(info.value)
+    with pytest.raises(HostKeyError, match="is not known"):
+        run(files["by-alias"])

@@ -102,6 +102,7 @@ class OpenSshTransport(ExecTransport):
         connect_timeout: float = 10.0,
         persist: float = 60.0,
         load_ssh_config: bool = False,
+        ssh_config: Path | None = None,
         name: str | None = None,
     ) -> None:
         ssh = shutil.which("ssh")
@@ -115,18 +116,19 @@ class OpenSshTransport(ExecTransport):
         self.user = user
         self.connect_timeout = float(connect_timeout)
         self._where = f"{self.host} ({target}{'' if port is None else f':{port}'})"
-        key = "\0".join(str(x) for x in (user, target, port, known_hosts, identity_file,
-                                          load_ssh_config))
+        parts = (user, target, port, known_hosts, identity_file, load_ssh_config)
+        key = "\0".join(str(x) for x in (*parts, *([ssh_config] if ssh_config else [])))
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
         folder = control_dir()
         self.control_path = folder / f"cm-{digest}"
         self.pinned_path = folder / f"kh-{digest}"
         self._ssh = ssh
         self._port = port
-        self._load_ssh_config = load_ssh_config
+        self._load_ssh_config = load_ssh_config or ssh_config is not None
         self._algorithms: list[str] | None = None  # once the pinned file is written
         self._endpoint: tuple[str, int, bool] | None = None
-        opts = [] if load_ssh_config else ["-F", "none"]  # as paramiko: no ~/.ssh/config
+        # as paramiko: no ~/.ssh/config unless asked; ssh_config: that file instead
+        opts = ["-F", str(ssh_config or "none")] if ssh_config or not load_ssh_config else []
         if port is not None:
             opts += ["-p", str(port)]
         if user is not None:
