@@ -405,6 +405,40 @@ def test_prev_head_peaks_at_distance_one_up_to_the_context() -> None:
     assert scores[0] == pytest.approx(scores[2])  # symmetric: a shift of one splits the weight
 
 
+def test_prev_head_in_bfloat16_attends_to_the_previous_token_at_the_end_of_the_context() -> None:
+    """bfloat16 weights, activations and cos/sin cache (SGLang builds it in the model dtype)."""
+    d = get_design("prevtoken")
+    w = models.target_weights(d)
+    n = d.context_length + 65
+    hd, bf = d.head_dim, torch.bfloat16
+    x = rms(
+        w["model.embed_tokens.weight"][torch.arange(n) % 200],
+        w["model.layers.0.input_layernorm.weight"],
+        d.rms_norm_eps,
+    )
+    p = "model.layers.0.self_attn."
+    q = (x @ w[p + "q_proj.weight"].T).view(n, d.num_heads, hd)[:, 2]
+    k = (x @ w[p + "k_proj.weight"].T).view(n, d.num_kv_heads, hd)[:, 1]
+    q, k = (
+        rms(q, w[p + "q_norm.weight"], d.rms_norm_eps),
+        rms(k, w[p + "k_norm.weight"], d.rms_norm_eps),
+    )
+    inv = d.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(bf), ang.sin().to(bf)
+
+    def rot(t: torch.Tensor) -> torch.Tensor:
+        t1, t2 = t[:, : hd // 2], t[:, hd // 2 :]
+        return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], -1).to(bf)
+
+    q, k = rot(q), rot(k)
+    scores = (k.float() @ q[-1].float()) * hd**-0.5  # the last query against every key
+    weights = scores.softmax(-1)
+    assert float(weights[-2]) > 1 - 1e-6  # distance 1
+    off = torch.cat([scores[:-2], scores[-1:]])
+    assert float(scores[-2] - off.max()) > 28  # designed 30.65; 30.37 here after the rounding
+
+
 def test_prediction_edges_and_ambiguity() -> None:
     d = get_design("ladder")
     assert predict_rounds(d, [200], 1, "DDTREE") == []
