@@ -3,6 +3,13 @@
 Transfers talk to a `ProgressSink`: begin a task with its total, advance it by the
 bytes moved (from any thread), end it. `RichProgress` draws rich bars on stderr;
 `NullProgress` draws nothing; `CountingProgress` records totals (for tests).
+
+In a pipelined transfer (overlay/relay.py) every host has its own bar at once: the
+source's "fetch" and each target's "push (streamed)" advance together, by the file
+bytes the workstation has verified into its cache; each target's receiver has been
+handed those bytes already (they go to it first) and is at most its pipe and its
+connection's buffers behind. A target served from the cache has a "push" bar of its
+own. Rate and ETA are per bar, so a slow target shows as one.
 """
 
 from __future__ import annotations
