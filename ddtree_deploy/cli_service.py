@@ -8,7 +8,7 @@ import typer
 
 from ddtree_deploy import __version__
 from ddtree_deploy.cli_common import config_of, console, print_json
-from ddtree_deploy.cli_text import plain
+from ddtree_deploy.cli_text import esc, plain
 from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.errors import DeployError, UsageError
 
@@ -137,7 +137,7 @@ def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_
         verdict = probe_service(t, ProbeTarget(port=port, unit=unit, pid=pid, log_file=log_file,
                                                host=t.host, input_ids=input_ids),
                                 deadline_s=deadline, warmup_s=warmup or WARMUP_S,
-                                on_status=lambda s: status.update(f"{label}: {s}"))
+                                on_status=lambda s: status.update(esc(f"{label}: {s}")))
     if as_json:
         print_json(out, verdict.to_json())
     else:
@@ -150,15 +150,15 @@ def _render_verdict(unit: str, verdict: Any) -> None:
     style = {"healthy": "green", "unhealthy": "bold red", "deadline": "yellow"}[verdict.status]
     out.print(f"[{style}]{unit}: {verdict.status}[/{style}] after {verdict.elapsed_s:.1f}s "
               f"({verdict.warmup_s:.1f}s of it warming up): ", end="", highlight=False)
-    out.print(verdict.reason, markup=False, highlight=False)  # server text: never markup
+    out.print(plain(verdict.reason), markup=False, highlight=False)  # server text: never markup
     for m in verdict.diagnosis:
         out.print(f"  [bold]{m.diagnosis}[/bold]", highlight=False)
-        out.print(f"    log: {m.line.strip()}", markup=False, highlight=False)
+        out.print(plain(f"    log: {m.line.strip()}"), markup=False, highlight=False)
         out.print(f"    fix: {m.remedy}", markup=False, highlight=False)
     if verdict.status != "healthy" and not verdict.diagnosis and verdict.log_tail:
         out.print("  last log lines:")
         for line in verdict.log_tail[-10:]:
-            out.print(f"    {line}", markup=False, highlight=False)
+            out.print(plain(f"    {line}"), markup=False, highlight=False)
 
 
 @app.command("down")
