@@ -15,16 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch as safetensors_torch  # a dev dependency: the real reader
 import torch
 import torch.nn.functional as F
 
-safetensors_torch = pytest.importorskip("safetensors.torch")
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "payload"))
-from ddtree import build_tree, compile_tree, draft_topk, walk_tree  # noqa: E402
+from ddtree import build_tree, compile_tree, draft_topk, walk_tree
 
-from rehearsal import models  # noqa: E402
-from rehearsal.designs import (  # noqa: E402
+from rehearsal import models
+from rehearsal.designs import (
     DESIGNS,
     AmbiguousPrediction,
     Design,
