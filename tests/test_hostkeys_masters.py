@@ -183,3 +183,27 @@ def test_an_ssh_config_alias_is_looked_up_by_its_hostname_and_port(
     assert f"must be recorded as [127.0.0.1]:{sshd.port}" in str(info.value)
     with pytest.raises(HostKeyError, match="is not known"):
         run(files["by-alias"])
+
+
+def test_hosts_trust_of_a_web_server_is_one_clean_message(tmp_path: Path) -> None:
+    """A web server on the port: one message, no paramiko thread traceback on stderr."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from threading import Thread
+
+    class Quiet(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Quiet)
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        done = _cli("--hosts", str(tmp_path / "none.yaml"), "hosts", "trust",
+                    f"127.0.0.1:{server.server_address[1]}", "--yes", "--timeout", "5")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 1
+    assert "without an SSH banner" in done.stderr
+    assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr
+    assert not (tmp_path / "none.yaml").exists()
