@@ -285,3 +285,21 @@ def test_doctor_flags_the_verify_width_with_its_memory_effect() -> None:
     fine = diagnose(ct200(), deployment=dep, model_facts=model_facts_from(
         ct200(), str(dep.model_path), str(dep.draft_model_path)))
     assert "deploy.ddtree-verify-width" not in [x.id for x in fine]
+
+
+def test_doctor_says_where_a_tp_deployment_runs_or_why_it_cannot() -> None:
+    from ddtree_deploy.rules import diagnose
+
+    def tp_finding(facts: Facts, tp: int) -> Any:
+        found = [f for f in diagnose(facts, deployment=deployment(tp_size=tp, gpu=None))
+                 if f.id == "deploy.tp-gpus"]
+        assert len(found) == 1
+        return found[0]
+
+    f = tp_finding(ct200(), 4)
+    assert f.severity == "info" and f.evidence["gpus"] == [4, 5, 6, 7]
+    f = tp_finding(ct200(), 8)
+    assert f.severity == "error" and f.message.startswith("tp 8 needs 8 free contiguous GPUs")
+    assert "GPU 0 is busy" in f.message and "at most 7" in f.remedy and "tp_size" in f.remedy
+    assert f.evidence == {"tp_size": 8, "free_gpus": [1, 2, 3, 4, 5, 6, 7]}
+    assert not [x for x in diagnose(ct200(), deployment=deployment()) if x.id == "deploy.tp-gpus"]

@@ -76,6 +76,32 @@ def gpu_problems(ctx: Ctx) -> Iterable[Finding]:
                 )  # fmt: skip
 
 
+def tp_gpus(ctx: Ctx) -> Iterable[Finding]:
+    """A tensor-parallel deployment without a gpu: is there a free contiguous run for it?"""
+    dep = ctx.deployment
+    if dep is None or dep.gpu is not None or dep.tp_size == 1 or not ctx.facts.nvidia.present:
+        return
+    from ddtree_deploy.errors import RefusedError
+    from ddtree_deploy.service.resolve import choose_gpus
+
+    try:
+        chosen = choose_gpus(ctx.facts, None, dep.tp_size, own_unit=dep.unit_name)
+    except RefusedError as exc:
+        yield Finding(
+            id="deploy.tp-gpus", severity="error", message=exc.message,
+            evidence={"tp_size": dep.tp_size, "free_gpus": _free_gpus(ctx, dep)},
+            remedy=f"{exc.hint}; set tp_size (or gpu) for deployment {dep.name} in hosts.yaml "
+            f"and run {fx.apply(ctx.host, dep.name)}",
+        )  # fmt: skip
+        return
+    yield Finding(
+        id="deploy.tp-gpus", severity="info",
+        message=f"tp {dep.tp_size} will run on GPUs {', '.join(map(str, chosen))} "
+        "(free and contiguous)",
+        evidence={"tp_size": dep.tp_size, "gpus": list(chosen)},
+    )  # fmt: skip
+
+
 def port_taken(ctx: Ctx) -> Iterable[Finding]:
     dep = ctx.deployment
     if dep is None or dep.port is None:
@@ -317,6 +343,6 @@ def ddtree_verify_width(ctx: Ctx) -> Iterable[Finding]:
 
 # Rules about the host's resources (run once) and about the deployment's venv (per venv).
 # python_glibc runs with the deployment's venv when it exists, else with the host's Python.
-DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, port_taken, ddtree_attention,
+DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, tp_gpus, port_taken, ddtree_attention,
                                        ddtree_verify_width, python_glibc)
 DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, ddtree_payload)
