@@ -87,6 +87,8 @@ def up(
     topk: int = typer.Option(None, "--ddtree-topk", min=1),
     attention_backend: str = typer.Option(None, "--attention-backend"),
     grammar_backend: str = typer.Option(None, "--grammar-backend"),
+    sampling_backend: str = typer.Option(None, "--sampling-backend",
+                                         help="flashinfer | pytorch | ascend"),
     mem_fraction_static: float = typer.Option(None, "--mem-fraction-static"),
     service_name: str = typer.Option(None, "--name", help="unit name without a deployment"),
     force: bool = typer.Option(False, "--force", help="use a busy GPU or taken port anyway"),
@@ -101,6 +103,13 @@ def up(
 
     if algorithm is not None and algorithm not in ("none", "dflash", "ddtree"):
         raise UsageError(f"--algorithm must be none, dflash or ddtree, got {algorithm!r}")
+    from typing import get_args
+
+    from ddtree_deploy.config_schema import SamplingBackend
+
+    if sampling_backend is not None and sampling_backend not in get_args(SamplingBackend):
+        raise UsageError(f"--sampling-backend must be {', '.join(get_args(SamplingBackend))} "
+                         f"(sglang 0.5.11's choices), got {sampling_backend!r}")
     config = config_of(ctx)
     spec_host = config.host(host)
     dep = config.deployment(name) if name else None
@@ -110,6 +119,7 @@ def up(
                       model_path=model_path, draft_model_path=draft_model_path,
                       ddtree_budget=budget, ddtree_topk=topk,
                       attention_backend=attention_backend, grammar_backend=grammar_backend,
+                      sampling_backend=sampling_backend,
                       mem_fraction_static=mem_fraction_static, name=service_name)
     venvs = [venv] if venv else ([str(spec_host.venvs[dep.venv].path)] if dep else [])
     facts = _facts(config, spec_host, venvs, refresh=True)
