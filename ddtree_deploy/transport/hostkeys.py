@@ -287,7 +287,7 @@ class KnownHosts:
 def pinned_header(address: str, port: int) -> str:
     """The first line of a pinned file: which host it is for (found again by
     `openssh.end_masters_for`)."""
-    name = host_key_name(address, port).encode("unicode_escape").decode("ascii")
+    name = host_key_name(address.lower(), port).encode("unicode_escape").decode("ascii")
     return f"# ddtree-deploy pinned keys of {name}"
 
 
