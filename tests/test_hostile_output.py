@@ -143,3 +143,24 @@ def test_any_table_cell_is_text_not_markup() -> None:
     text = _render(table)
     assert "[bold]title[/bold] [/x]" in text and "[red]not red[/red]" in text
     assert "\\x07bell\\x9b" in text
+
+
+def test_overlay_plan_table_at_80_columns() -> None:
+    from test_overlay_plan import TORCH_NEW, TORCH_OLD, _dist, _lane, _venv
+
+    from ddtree_deploy.overlay.plan import plan
+    from ddtree_deploy.overlay.render import render_plan
+
+    src = _venv("/opt/source/venvs/[bold]cu130[/bold]-with-a-long-name",
+                _dist("torch", "2.11.0", TORCH_NEW))
+    dst = _venv("/srv/very/long/folder/names/venvs/sglang-ddtree-cu130-py311",
+                _dist("torch", "2.11.0+cu128", TORCH_OLD),
+                _dist("nvidia-cuda-nvrtc-cu12", "12.8.93", {"nvidia/cuda_nvrtc/lib/x.so.12": b"c"}))
+    p = plan(_lane(), src, dst, set(), target_host="ct200")
+    buf = io.StringIO()
+    render_plan(p, Console(file=buf, width=80, color_system=None, legacy_windows=False))
+    text = buf.getvalue()
+    _assert_readable(text)
+    flat = _flat(text)
+    assert "2.11.0+cu128->2.11.0" in flat and "nvidia-cuda-nvrtc-cu12" in flat
+    assert "[bold]cu130[/bold]" in text.replace("\n", "") and p.id in text

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ddtree_deploy.cli_text import plain
 from ddtree_deploy.overlay.model import DistChange, OverlayPlan
 from ddtree_deploy.overlay.plan import unique_send
 
@@ -62,22 +63,23 @@ def _versions(change: DistChange) -> str:
 
 
 def plan_table(plan: OverlayPlan, *, show_same: bool = True) -> Table:
-    table = Table(title=f"overlay {plan.lane}: {plan.source.host}:{plan.source.venv} -> "
-                        f"{plan.target.host}:{plan.target.venv}",
+    # Paths and names are text, never markup; columns fold at 80 columns instead of cutting.
+    table = Table(title=Text(plain(f"overlay {plan.lane}: {plan.source.host}:{plan.source.venv}"
+                                   f" -> {plan.target.host}:{plan.target.venv}")),
                   title_justify="left")
-    table.add_column("distribution")
-    table.add_column("action")
-    table.add_column("version")
+    table.add_column("distribution", overflow="fold")
+    table.add_column("action", overflow="fold")
+    table.add_column("version", overflow="fold")
     for name in ("replaced", "added", "removed", "kept", "to send"):
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", overflow="fold")
     for change in plan.changes:
         if change.action == "same" and not show_same:
             continue
         c = counts(change)
         table.add_row(
-            change.name,
+            Text(plain(change.name)),
             Text(change.action, style=_STYLE[change.action]),
-            _versions(change),
+            Text(plain(_versions(change))),
             str(c.replaced),
             str(c.added),
             str(c.removed),
@@ -110,4 +112,4 @@ def render_plan(plan: OverlayPlan, console: Console, *, show_same: bool = True) 
     """Print the dry-run view of ``plan``."""
     console.print(plan_table(plan, show_same=show_same))
     for line in summary_lines(plan):
-        console.print(line, highlight=False)
+        console.print(plain(line), markup=False, highlight=False)
