@@ -303,3 +303,12 @@ def test_doctor_says_where_a_tp_deployment_runs_or_why_it_cannot() -> None:
     assert "GPU 0 is busy" in f.message and "at most 7" in f.remedy and "tp_size" in f.remedy
     assert f.evidence == {"tp_size": 8, "free_gpus": [1, 2, 3, 4, 5, 6, 7]}
     assert not [x for x in diagnose(ct200(), deployment=deployment()) if x.id == "deploy.tp-gpus"]
+
+
+def test_doctor_suggests_the_first_gpu_of_a_free_run_for_a_busy_tp_deployment() -> None:
+    from ddtree_deploy.rules import diagnose
+
+    found = diagnose(ct200(), deployment=deployment(tp_size=4, gpu=0))
+    busy = [f for f in found if f.id == "deploy.gpu-busy"]
+    assert len(busy) == 1 and busy[0].evidence["gpu"] == 0
+    assert "service up ct200 sglang-ddtree --gpu 4`" in busy[0].remedy

@@ -38,6 +38,14 @@ def _free_gpus(ctx: Ctx, dep: Deployment) -> list[int]:
 
 
 def _suggest_gpu(ctx: Ctx, dep: Deployment) -> str:
+    if dep.tp_size > 1:  # the first GPU of a free contiguous run
+        from ddtree_deploy.errors import RefusedError
+        from ddtree_deploy.service.resolve import choose_gpus
+
+        try:
+            return f"--gpu {choose_gpus(ctx.facts, None, dep.tp_size, own_unit=dep.unit_name)[0]}"
+        except RefusedError:
+            return "--gpu N"
     free = _free_gpus(ctx, dep)
     return f"--gpu {free[0]}" if free else "--gpu N"
 
