@@ -232,16 +232,14 @@ class KnownHosts:
         notes = []
         portless = self._keys(None, address) if port != 22 else []
         if portless:
-            lines = ", ".join(str(k.line) for k in portless)
-            notes.append(f"{self.path} line {lines} records {address} without a port, which "
+            notes.append(f"{self.path} {_lines(portless)} records {address} without a port, which "
                          f"means port 22 only: for port {port} the key must be recorded as "
                          f"{name}")
         cas = self._keys("@cert-authority", name)
         if port != 22:
             cas += [k for k in self._keys("@cert-authority", address) if k not in cas]
         if cas:
-            lines = ", ".join(str(k.line) for k in cas)
-            notes.append(f"{self.path} line {lines} is a @cert-authority line for this host, "
+            notes.append(f"{self.path} {_lines(cas)} names this host as @cert-authority, "
                          "but host certificates are not supported: paramiko cannot verify "
                          "them, so neither SSH path accepts a host on a certificate alone")
         message = f"{label}: the host key of {name} is not known{offered}; refusing to connect"
@@ -282,6 +280,10 @@ class KnownHosts:
         if parsed is not None:
             self._lines.append(parsed)
         return line
+
+
+def _lines(keys: list[KnownKey]) -> str:
+    return ("line " if len(keys) == 1 else "lines ") + ", ".join(str(k.line) for k in keys)
 
 
 def pinned_header(address: str, port: int) -> str:
