@@ -167,8 +167,14 @@ class SshTransport(ExecTransport):
             transport = self._conn.client.get_transport()
             if transport is not None and transport.is_active():
                 return transport
+            known = KnownHosts(self.known_hosts)
             try:
-                self._connect(KnownHosts(self.known_hosts))
+                self._connect(known)
+                wire = self._conn.client.get_transport()
+                assert wire is not None
+                # again, should paramiko ever skip the policy (keys of its own loaded)
+                known.check(self.host, self.address, self.port,
+                            wire.get_remote_server_key().asbytes())
             except HostKeyChangedError:
                 self._conn.client.close()
                 from ddtree_deploy.transport.openssh import end_masters_for
