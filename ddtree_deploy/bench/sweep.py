@@ -169,11 +169,15 @@ def run_sweep(t: ExecTransport, control: ServerControl, plan: Plan, results: Res
                         "mode": control.mode, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         "probe": {"status": verdict.status, "reason": verdict.reason,
                                   "elapsed_s": round(verdict.elapsed_s, 3),
-                                  "warmup_s": round(verdict.warmup_s, 3)}, **extra}
+                                  "warmup_s": round(verdict.warmup_s, 3),
+                                  "diagnosis": [m.to_json() for m in verdict.diagnosis]},
+                        **extra}
                 if verdict.status != "healthy":
                     results.set_config(config.key, {**info, "error": verdict.reason})
                     results.save()
-                    summary["unhealthy"].append({"config": config.key, "reason": verdict.reason})
+                    summary["unhealthy"].append({
+                        "config": config.key, "reason": verdict.reason,
+                        "diagnosis": [m.id for m in verdict.diagnosis]})
                     hooks.say(f"{config.label}: {verdict.status}: {verdict.reason}; skipped")
                     continue
                 warm = _warm_up(t, spec, plan)

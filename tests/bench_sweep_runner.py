@@ -1,0 +1,52 @@
+"""Run a small bench sweep in plain-process mode on this machine (for tests/test_bench_sweep.py).
+
+`python tests/bench_sweep_runner.py ROOT PORT CONFIGS` with ROOT holding venv/ (whose bin/python
+runs tests/bench_fake_server.py), target/ and draft/ (config.json each). Results go to
+ROOT/res/results.json; one JSON summary line is printed; exit 130 on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ddtree_deploy.bench import grid as gridmod
+from ddtree_deploy.bench import workloads
+from ddtree_deploy.bench.results import Results
+from ddtree_deploy.bench.server import PlainControl
+from ddtree_deploy.bench.sweep import Hooks, make_plan, run_sweep, spec_for
+from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.transport.local import LocalTransport
+
+
+def main(root: Path, port: int, configs: str) -> int:
+    grid = gridmod.from_flags(configs, "1,2", "greedy,sampled", "code,agentic",
+                              workloads.names(), requests=2, max_new_tokens=12,
+                              warmup_requests=1, prompts="ids")
+    base = ServiceSpec(name="sglang-bench", host="localhost", venv=str(root / "venv"), gpus=(0,),
+                       port=port, model_path=str(root / "target"),
+                       extra_args=("--skip-tokenizer-init",))
+    specs = {c.key: spec_for(base, c, str(root / "draft"), 16) for c in grid.configs}
+    results = Results.open(root / "res" / "results.json", host="localhost",
+                           service="sglang-bench")
+    plan = make_plan(grid, specs, results, ids=True, vocab=1024)
+    t = LocalTransport(host="localhost")
+    control = PlainControl(t, root / "res" / "logs")
+
+    def cell_done(cell: object, metrics: dict[str, object]) -> None:
+        print(json.dumps({"cell": getattr(cell, "label", "?"), "pid": control.pid}), flush=True)
+
+    try:
+        summary = run_sweep(t, control, plan, results, deadline_s=60, warmup_s=60,
+                            hooks=Hooks(cell_done=cell_done))
+    except KeyboardInterrupt:
+        print(json.dumps({"interrupted": True, "started": control.started}), flush=True)
+        return 130
+    print(json.dumps({**summary, "started": control.started, "todo": len(plan.todo)}),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]))
