@@ -157,6 +157,8 @@ class _Loader:
         self.pruned: list[PathKey] = list(self.doc.unreadable)
 
     def add(self, path: PathKey, message: str) -> None:
+        if any(path[: len(u)] == u for u in self.doc.unreadable):
+            return  # the value was refused as it was read (a tag, a NUL): said once, there
         self.problems.append(Problem(self.doc.line_of(path), path, message))
 
     def run(self) -> Config:

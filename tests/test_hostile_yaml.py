@@ -43,3 +43,5 @@ def test_hostile_yaml_is_refused_with_file_and_line(case: dict[str, Any], tmp_pa
     assert ran.rc == 2, ran.stderr[-2000:]
     assert f"{path}{case['where']}" in ran.stderr, ran.stderr
     assert case["says"] in ran.stderr, ran.stderr
+    if "lines" in case:
+        assert len(ran.stderr.strip().splitlines()) == case["lines"], ran.stderr
