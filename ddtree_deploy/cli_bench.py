@@ -79,6 +79,8 @@ def run(
                                    help="seconds for each start's probe"),
     warmup: float = typer.Option(600.0, "--warmup", min=1,
                                  help="seconds the probe's first tokens may take (JIT compiles)"),
+    force: bool = typer.Option(False, "--force", help="use a GPU other processes hold or a "
+                                                      "taken port anyway (as service up)"),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would run, run nothing"),
     as_json: bool = typer.Option(False, "--json"),
@@ -112,7 +114,7 @@ def run(
     venvs = [str(spec_host.venvs[dep.venv].path)] if dep else []
     with open_transport(config, spec_host) as t:
         facts = _facts(config, spec_host, venvs)
-        prepared = prepare(t, spec_host, facts, dep, grid)
+        prepared = prepare(t, spec_host, facts, dep, grid, force=force)
         base = prepared.base
         if mode == "auto":
             has_systemd = t.run(Command.of("test", "-d", "/run/systemd/system"), timeout=30).ok

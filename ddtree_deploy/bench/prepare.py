@@ -87,10 +87,11 @@ def vocab_size(conf: dict[str, Any] | None) -> int | None:
 
 
 def prepare(t: ExecTransport, host: HostSpec, facts: Facts, dep: Deployment | None,
-            grid: Grid) -> Prepared:
+            grid: Grid, *, force: bool = False) -> Prepared:
+    """`force`: share a GPU other processes hold (several small servers on one GPU)."""
     from ddtree_deploy.service.resolve import Overrides, build_spec
 
-    base = build_spec(host, facts, dep, Overrides(), force=False)
+    base = build_spec(host, facts, dep, Overrides(), force=force)
     draft = base.draft_model_path or (str(dep.draft_model_path) if dep and dep.draft_model_path
                                       else None) or (str(host.models["draft"])
                                                      if "draft" in host.models else None)
