@@ -1,0 +1,58 @@
+"""Files named on the command line (cli_files): a failed write leaves the old file whole and
+no temporary file behind; reads refuse what is not a regular file without blocking."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy import cli_files
+from ddtree_deploy.errors import DeployError, UsageError
+
+
+def test_a_full_disk_leaves_the_old_file_whole(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "plan.json"
+    out.write_text("the old plan")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cli_files.os, "fsync", full)
+    with pytest.raises(DeployError, match="cannot write: No space left on device"):
+        cli_files.write_output(cli_files.output_path(str(out), "--out"), "x" * 4096, "--out")
+    assert out.read_text() == "the old plan"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_a_write_replaces_the_file_at_once(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    before = out.stat().st_ino
+    cli_files.write_output(out, "new", "--out")
+    assert out.read_text() == "new" and out.stat().st_ino != before  # renamed over, not rewritten
+
+
+def test_a_fifo_with_a_reader_is_written(tmp_path: Path) -> None:
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        cli_files.write_output(fifo, "through the pipe", "--out")
+        assert os.read(reader, 100) == b"through the pipe"
+    finally:
+        os.close(reader)
+
+
+@pytest.mark.parametrize("make", ["fifo", "folder", "missing"])
+def test_inputs_that_are_not_regular_files(tmp_path: Path, make: str) -> None:
+    path = tmp_path / "in"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "folder":
+        path.mkdir()
+    with pytest.raises(UsageError, match=r"--plan .*(not a regular file|No such file)"):
+        cli_files.read_input(path, "--plan")
