@@ -127,7 +127,7 @@ def test_dry_run_shows_the_plan_and_starts_nothing(setup: dict[str, Any]) -> Non
                  "--json")
     assert out.exit_code == 0, out.output
     plan = json.loads(out.stdout)
-    assert plan["dry_run"] and plan["to_measure"] == 4 * 5 * 2 * 2
+    assert plan["dry_run"] and plan["to_measure"] == 4 * 3 * 2 * 2
     assert plan["configs"] == ["nospec", "dflash", "ddtree-15-8", "ddtree-31-8"]
     assert "--speculative-algorithm" not in plan["flags"]["nospec"]
     tree = " ".join(plan["flags"]["ddtree-31-8"])
