@@ -158,7 +158,7 @@ def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_
 
 def _render_verdict(unit: str, verdict: Any) -> None:
     style = {"healthy": "green", "unhealthy": "bold red", "deadline": "yellow"}[verdict.status]
-    out.print(f"[{style}]{unit}: {verdict.status}[/{style}] after {verdict.elapsed_s:.1f}s "
+    out.print(f"[{style}]{esc(unit)}: {verdict.status}[/{style}] after {verdict.elapsed_s:.1f}s "
               f"({verdict.warmup_s:.1f}s of it warming up): ", end="", highlight=False)
     out.print(plain(verdict.reason), markup=False, highlight=False)  # server text: never markup
     for m in verdict.diagnosis:
