@@ -155,7 +155,7 @@ def run(
                                  "--yes")
             if not typer.confirm("Run the sweep?", default=False):
                 raise typer.Exit(int(ExitCode.FAILED))
-        control = (PlainControl(t, path.parent / "logs") if mode == "plain"
+        control = (PlainControl(t, path.parent / f"{path.stem}-logs") if mode == "plain"
                    else SystemdControl(t, base.unit_name))
         with open_transport(config, spec_host) as lock_t, HostLock(lock_t, spec_host) as lock:
             swept = _with_progress(lambda hooks: run_sweep(

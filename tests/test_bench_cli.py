@@ -114,6 +114,8 @@ def test_plain_mode_sweep_on_localhost_with_the_h200_facts(setup: dict[str, Any]
     assert "--skip-tokenizer-init" in flags and "--attention-backend" in flags
     assert results.data["grid"]["prompts"] == "ids"  # from the deployment's flag
     assert results.data["synthetic"] is True
+    log = Path(results.configs["ddtree-15-8"]["log"])
+    assert log.parent == path.parent / "results-logs" and "Uvicorn running" in log.read_text()
     assert "pid" in setup["lock"].read_text()  # apply's lock was taken (holder written)
     again = _bench(setup, "localhost", "svc", "--mode", "plain", "--configs", "none,ddtree:15/8",
                    "--concurrency", "1", "--sampling", "greedy", "--workloads", "code",
