@@ -96,7 +96,7 @@ def overlay(
             for plan in plans:
                 render_plan(plan, rich_console(out))
         return
-    with RichProgress(rich_console(err)) as progress:
+    with RichProgress(lambda: rich_console(err)) as progress:  # rich only once bytes move
         fleet = run_fleet(config, lane, targets, cache=cache, progress=progress,
                           on_status=lambda s: None)
     for r in fleet.targets:

@@ -17,7 +17,9 @@ import contextlib
 import hashlib
 import io
 import os
+import queue
 import re
+import threading
 import uuid
 from pathlib import Path
 from typing import BinaryIO
@@ -30,7 +32,8 @@ from ddtree_deploy.localproc import pid_alive
 
 CHUNK = 1024 * 1024
 LEVEL = 1  # per-blob level on disk: written while the bytes stream through, so fast
-STORE_LEVEL = -5  # for contents that do not shrink (most CUDA 13 libraries): near a copy
+STORE_LEVEL = -5  # for contents that do not shrink (most CUDA 13 libraries): near a copy;
+# also what a stream writes with (benchmarks/RESULTS.md: level 1 cost 6.8 CPU-s of 1.2 GB)
 TRIAL = 64 * 1024  # a first chunk at least this long is test-compressed to pick the level
 
 
@@ -106,7 +109,8 @@ class BlobCache:
 
     # -- writing --------------------------------------------------------------
 
-    def put(self, sha256: str, src: BinaryIO, size: int | None = None) -> int:
+    def put(self, sha256: str, src: BinaryIO, size: int | None = None,
+            level: int | None = None) -> int:
         """Store `src` (read to EOF, or `size` bytes) as blob `sha256`; returns bytes read.
 
         Raises IntegrityError (and stores nothing) when the content's sha256 or size
@@ -129,7 +133,8 @@ class BlobCache:
                     if not chunk:
                         break
                     if comp is None:  # the level measured on the first chunk
-                        cctx = zstandard.ZstdCompressor(level=level_for(chunk, self.level),
+                        want = self.level if level is None else level
+                        cctx = zstandard.ZstdCompressor(level=level_for(chunk, want),
                                                         write_content_size=True)
                         comp = cctx.compressobj(size=-1 if size is None else size)
                     digest.update(chunk)
@@ -267,3 +272,98 @@ def _drain(src: BinaryIO, size: int | None) -> int:
         if left is not None:
             left -= len(chunk)
     return count
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _QueueReader:
+    """What one blob's writer reads: the chunks put on the queue, then b"" at the blob's end."""
+
+    def __init__(self, q: queue.Queue[bytes | None | _Aborted]) -> None:
+        self._q = q
+        self._buf = b""
+        self.ended = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._buf and not self.ended:
+            item = self._q.get()
+            if isinstance(item, _Aborted):
+                raise item
+            if item is None:
+                self.ended = True
+            else:
+                self._buf = item
+        n = len(self._buf) if size is None or size < 0 else size
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+class BackgroundWriter:
+    """Blobs written into the cache by a thread of their own, while the caller reads on.
+
+    The stream's reader hands each file's chunks over (`add`), and goes on to the next
+    bytes at once; compressing, writing and fsync-ing happen here, overlapped with it.
+    A blob still exists only once its sha256 matched (BlobCache.put). At most `depth`
+    chunks wait (bounded memory). Failures are kept per sha256 (`failed`); `close`
+    waits for the last blob, `abort` stops at once (the blob being written is dropped).
+    """
+
+    def __init__(self, cache: BlobCache, depth: int = 32, level: int | None = None) -> None:
+        self.cache = cache
+        self.level = level
+        self._q: queue.Queue[tuple[str, int] | bytes | None | _Aborted] = queue.Queue(depth)
+        self.done: list[str] = []
+        self.failed: dict[str, BaseException] = {}
+        self._thread = threading.Thread(target=self._run, name="cache-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None or isinstance(item, _Aborted):
+                return
+            assert isinstance(item, tuple)
+            sha, size = item
+            reader = _QueueReader(self._q)  # type: ignore[arg-type]
+            try:
+                self.cache.put(sha, reader, size, self.level)  # type: ignore[arg-type]
+                self.done.append(sha)
+            except _Aborted:
+                return
+            except Exception as exc:  # kept for the caller, who raises it
+                self.failed[sha] = exc
+            try:
+                while not reader.ended:  # the rest of this blob's chunks
+                    reader._buf = b""
+                    reader.read(CHUNK)
+            except _Aborted:
+                return
+
+    def add(self, sha256: str, src: BinaryIO, size: int) -> None:
+        """Hand over `size` bytes of `src` (read here, in 1 MiB chunks) as blob `sha256`."""
+        self._q.put((sha256, size))
+        left = size
+        while left > 0:
+            chunk = src.read(min(CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            self._q.put(chunk)
+        self._q.put(None)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+    def abort(self) -> None:
+        with contextlib.suppress(queue.Full):
+            while self._thread.is_alive():
+                try:
+                    self._q.put(_Aborted(), timeout=0.1)
+                    break
+                except queue.Full:
+                    with contextlib.suppress(queue.Empty):
+                        self._q.get_nowait()  # make room: what is dropped is never stored
+        self._thread.join()

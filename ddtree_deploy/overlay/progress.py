@@ -15,20 +15,13 @@ own. Rate and ETA are per bar, so a slow target shows as one.
 from __future__ import annotations
 
 import threading
-from typing import Protocol
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddtree_deploy.cli_text import plain
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class ProgressSink(Protocol):
@@ -91,34 +84,54 @@ class CountingProgress(_Hosts):
 class RichProgress(_Hosts):
     """Rich bars on stderr: `host what  [bar]  done/total  rate  eta`. Use as a context."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | Callable[[], Console] | None = None) -> None:
         super().__init__()
-        self._progress = Progress(
-            TextColumn("{task.description}", markup=False),  # host names and paths: text
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console or Console(stderr=True),
-            transient=False,
-        )
-        self._ids: dict[int, TaskID] = {}
+        self._console = console
+        self._progress: Any = None  # made at the first bar: a run that moves nothing loads
+        self._ids: dict[int, Any] = {}  # no rich at all
+        self._made = threading.Lock()
+
+    def _bars(self) -> Any:
+        with self._made:
+            if self._progress is None:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    DownloadColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                    TransferSpeedColumn,
+                )
+
+                con = self._console() if callable(self._console) else self._console
+                self._progress = Progress(
+                    TextColumn("{task.description}", markup=False),  # host names: text
+                    BarColumn(),
+                    DownloadColumn(),
+                    TransferSpeedColumn(),
+                    TimeRemainingColumn(),
+                    console=con or Console(stderr=True),
+                    transient=False,
+                )
+                self._progress.start()
+            return self._progress
 
     def __enter__(self) -> RichProgress:
-        self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
     def begin(self, host: str, what: str, total: int) -> int:
         task = self._add(host)
-        self._ids[task] = self._progress.add_task(plain(f"{host} {what}"), total=total)
+        self._ids[task] = self._bars().add_task(plain(f"{host} {what}"), total=total)
         return task
 
     def advance(self, task: int, nbytes: int) -> None:
-        self._progress.advance(self._ids[task], nbytes)
+        self._bars().advance(self._ids[task], nbytes)
 
     def end(self, task: int) -> None:
-        tid = self._ids[task]
-        self._progress.update(tid, completed=self._progress.tasks[tid].total or 0)
+        tid, bars = self._ids[task], self._bars()
+        bars.update(tid, completed=bars.tasks[tid].total or 0)

@@ -37,7 +37,13 @@ from typing import BinaryIO, Protocol
 import zstandard
 
 from ddtree_deploy.errors import DeployError, RemoteCommandError, TransportError
-from ddtree_deploy.overlay.cache import CHUNK, BlobCache, IntegrityError
+from ddtree_deploy.overlay.cache import (
+    CHUNK,
+    STORE_LEVEL,
+    BackgroundWriter,
+    BlobCache,
+    IntegrityError,
+)
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.overlay.transfer_scripts import (
@@ -271,7 +277,43 @@ def _read_source_tar(
         stream = dctx.stream_reader(reader, read_size=CHUNK)
     elif kind != b"P":
         raise TransportError(f"{host}: the source sent no file stream (is python there?)")
-    end: dict[str, object] | None = None
+    end_box: list[dict[str, object]] = []
+    # compress, write, fsync in a thread of its own: overlapped with this reading
+    writer = BackgroundWriter(cache, level=STORE_LEVEL)
+    by_name = {e.sha256: e for e in by_sha.values()}
+
+    def check() -> None:
+        for sha, exc in list(writer.failed.items()):
+            if isinstance(exc, IntegrityError):
+                raise IntegrityError(f"{host}: {by_name[sha].path} changed since the plan was "
+                                     f"made ({exc}); re-run the plan") from exc
+            raise exc
+
+    try:
+        _read_members(stream, by_sha, writer, report, tick, seen, host, check, end_box)
+        writer.close()
+        check()
+    except BaseException:
+        writer.abort()
+        raise
+    report.files = len(writer.done)
+    report.payload = sum(by_name[s].size for s in writer.done)
+    end = end_box[0] if end_box else None
+    if end is None:
+        raise TransportError(f"{host}: the file stream from the source ended early", hint=None)
+    missing = end.get("missing")
+    if isinstance(missing, list) and missing:
+        names = ", ".join(str(m[0]) if isinstance(m, list) else str(m) for m in missing[:5])
+        raise DeployError(
+            f"{host}: {len(missing)} file(s) of the lane are missing on the source: {names}",
+            hint="the source venv changed since the plan was made; re-run the plan",
+        )
+
+
+def _read_members(stream: BinaryIO, by_sha: dict[str, FileEntry], writer: BackgroundWriter,
+                  report: TransferReport, tick: Callable[[int], None], seen: dict[str, str],
+                  host: str, check: Callable[[], None], end_box: list[dict[str, object]]
+                  ) -> None:
     try:
         tar = tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK)  # noqa: SIM115
         for member in tar:
@@ -282,7 +324,7 @@ def _read_source_tar(
                 seen["pid"] = data.read(32).decode("ascii", "replace").strip()
                 continue
             if member.name == "end":
-                end = json.loads(data.read())
+                end_box.append(json.loads(data.read()))
                 break
             entry = by_sha.get(member.name)
             if entry is None:
@@ -293,25 +335,10 @@ def _read_source_tar(
                     f"the manifest says {entry.size}; re-run the plan"
                 )
             counted = _Counted(data, tick)  # type: ignore[arg-type]
-            try:
-                cache.put(entry.sha256, counted, entry.size)  # type: ignore[arg-type]
-            except IntegrityError as exc:
-                raise IntegrityError(
-                    f"{host}: {entry.path} changed since the plan was made ({exc}); re-run the plan"
-                ) from exc
-            report.files += 1
-            report.payload += entry.size
+            writer.add(entry.sha256, counted, entry.size)  # type: ignore[arg-type]
+            check()
     except (tarfile.TarError, EOFError, zstandard.ZstdError) as exc:
         raise TransportError(f"{host}: the file stream broke off: {exc}") from exc
-    if end is None:
-        raise TransportError(f"{host}: the file stream from the source ended early", hint=None)
-    missing = end.get("missing")
-    if isinstance(missing, list) and missing:
-        names = ", ".join(str(m[0]) if isinstance(m, list) else str(m) for m in missing[:5])
-        raise DeployError(
-            f"{host}: {len(missing)} file(s) of the lane are missing on the source: {names}",
-            hint="the source venv changed since the plan was made; re-run the plan",
-        )
 
 
 # -- push -----------------------------------------------------------------------

@@ -121,13 +121,39 @@ print(json.dumps({"present": present, "zstd": shutil.which("zstd") is not None, 
 # it arrives: its "pid" member is skipped).
 # argv[1]: the staging folder. Prints {"ok": [...], "bad": [...], "complete": bool}.
 STAGING_RECEIVE = _STAGING_GUARD + r"""
-import hashlib, json, os, sys, tarfile
+import hashlib, json, os, queue, sys, tarfile, threading
 staging = sys.argv[1]
 blobs = os.path.join(staging, "blobs")
 incoming = os.path.join(staging, "incoming")
 os.makedirs(blobs, exist_ok=True)
 os.makedirs(incoming, exist_ok=True)
 ok, bad, complete, error = [], [], False, None
+finished = queue.Queue(8)  # written and hashed blobs: fsync + rename, overlapped with reading
+def finish():
+    global error
+    while True:
+        item = finished.get()
+        if item is None:
+            return
+        fh, part, sha, good = item
+        try:
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+            if good:
+                os.replace(part, os.path.join(blobs, sha))
+                st = os.stat(os.path.join(blobs, sha))
+                with open(os.path.join(staging, "verified.jsonl"), "a") as rec:
+                    rec.write(json.dumps([sha, st.st_size, st.st_ino, st.st_mtime_ns,
+                                          st.st_ctime_ns]) + "\n")
+                ok.append(sha)
+            else:
+                os.unlink(part)
+                bad.append(sha)
+        except OSError as exc:
+            error = error or "%s: %s" % (type(exc).__name__, exc)
+finisher = threading.Thread(target=finish)
+finisher.start()
 try:
     tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|", bufsize=1 << 20)
     for member in tar:
@@ -143,27 +169,24 @@ try:
         src = tar.extractfile(member)
         part = os.path.join(incoming, sha + ".part")
         digest = hashlib.sha256()
-        with open(part, "wb") as fh:
+        fh = open(part, "wb")
+        size = 0
+        try:
             while True:
                 chunk = src.read(1 << 20)
                 if not chunk:
                     break
                 digest.update(chunk)
                 fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if digest.hexdigest() == sha and os.path.getsize(part) == member.size:
-            os.replace(part, os.path.join(blobs, sha))
-            st = os.stat(os.path.join(blobs, sha))
-            with open(os.path.join(staging, "verified.jsonl"), "a") as rec:
-                rec.write(json.dumps([sha, st.st_size, st.st_ino, st.st_mtime_ns,
-                                      st.st_ctime_ns]) + "\n")
-            ok.append(sha)
-        else:
-            os.unlink(part)
-            bad.append(sha)
+                size += len(chunk)
+        except BaseException:
+            fh.close()
+            raise
+        finished.put((fh, part, sha, digest.hexdigest() == sha and size == member.size))
 except (tarfile.TarError, OSError, EOFError) as exc:
     error = "%s: %s" % (type(exc).__name__, exc)
+finished.put(None)
+finisher.join()
 print(json.dumps({"ok": ok, "bad": bad, "complete": complete, "error": error}))
 """
 
