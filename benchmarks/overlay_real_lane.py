@@ -1,0 +1,201 @@
+"""Benchmark: the overlay on the real CUDA 13 lane vs the story's two `scp -r` hops.
+
+The registry's nvidia-cublas 13.1.1.3, nvidia-cuda-nvrtc 13.0.88, nvidia-cusparse 12.6.3.3
+and nvidia-nccl-cu13 2.30.7 wheels (`pip download`, kept in the XDG cache, never in the
+repository) are installed into ct129's /root/ml-env (`pip install --no-deps
+--force-reinstall`); the lab's links are shaped to 1 Gbit/s each way (`lab up
+--link-rate 1gbit`). Then, alternating in each round:
+
+- scp: `scp -r` of ct129's site-packages/nvidia to the workstation, then on to ct200;
+- cold: `overlay --abi cu130 --to ct200:<fresh clone>` with an empty blob cache;
+- warm: the same into a second fresh clone (the cache is warm: one hop);
+- unchanged: the warm command again;
+- fleet: an empty cache, fresh clones on ct200 and the --extra hosts in one command;
+  each extra target costs (fleet - cold) / extra.
+
+Prints the median of the rounds (each round's figures too), each ratio against its
+goal, and the per-stage seconds of the median overlay runs (from `--json`).
+
+    .venv/bin/python benchmarks/overlay_real_lane.py [--rounds 3] [--extra 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ddtree_deploy import paths
+from ddtree_deploy.lab import manager
+
+CLI = str(Path(sys.executable).with_name("ddtree-deploy"))
+WHEELS = {"nvidia-cublas": "13.1.1.3", "nvidia-cuda-nvrtc": "13.0.88",
+          "nvidia-cusparse": "12.6.3.3", "nvidia-nccl-cu13": "2.30.7"}
+GOALS = {"cold": 0.4, "warm": 0.25, "extra": 0.25}
+
+
+def wheel_dir() -> Path:
+    folder = paths.cache_dir() / "bench" / "wheels"
+    folder.mkdir(parents=True, exist_ok=True)
+    have = {p.name.split("-")[0].replace("_", "-") for p in folder.glob("*.whl")}
+    missing = [f"{n}=={v}" for n, v in WHEELS.items() if n not in have]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
+                        str(folder), *missing], check=True)
+    return folder
+
+
+def ssh_opts() -> list[str]:
+    lab = manager.lab_state_dir()
+    return ["-F", "none", "-i", str(lab / "id_ed25519"), "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={lab / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+
+
+def ssh(address: str, script: str, timeout: float = 600) -> str:
+    r = subprocess.run(["ssh", *ssh_opts(), f"root@{address}", script], capture_output=True,
+                       text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"{address}: {script[:80]}: {r.stderr.strip()[-500:]}")
+    return r.stdout
+
+
+def hosts_file(work: Path, rows: list[manager.HostStatus]) -> Path:
+    lab = manager.lab_state_dir()
+    text = "version: 1\nhosts:\n" + "".join(
+        f"  {r.name}:\n    address: {r.address}\n    user: root\n"
+        f"    identity_file: {lab / 'id_ed25519'}\n    known_hosts: {lab / 'known_hosts'}\n"
+        for r in rows)
+    path = work / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+def install_lane(src: str, wheels: Path) -> None:
+    files = sorted(wheels.glob("*.whl"))
+    names = " ".join(f"/root/bench-wheels/{p.name}" for p in files)
+    ssh(src, "mkdir -p /root/bench-wheels")
+    subprocess.run(["scp", "-q", *ssh_opts(), *map(str, files),
+                    f"root@{src}:/root/bench-wheels/"], check=True, timeout=900)
+    ssh(src, f"/root/ml-env/bin/python -m pip install -q --no-deps --force-reinstall "
+             f"--no-index {names} && rm -rf /root/bench-wheels", timeout=900)
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, dict]:
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    took = time.monotonic() - t0
+    if r.returncode not in (0, 3):
+        raise SystemExit(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr[-1500:]}")
+    return took, json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+
+
+def scp_hops(src: str, dst: str, site: str, scratch: Path) -> float:
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    ssh(dst, "rm -rf /tmp/scp-dst && mkdir -p /tmp/scp-dst")
+    t0 = time.monotonic()
+    subprocess.run(["scp", "-q", "-r", *ssh_opts(), f"root@{src}:{site}/nvidia", str(scratch)],
+                   check=True, timeout=900)
+    subprocess.run(["scp", "-q", "-r", *ssh_opts(), str(scratch / "nvidia"),
+                    f"root@{dst}:/tmp/scp-dst/"], check=True, timeout=900)
+    took = time.monotonic() - t0
+    shutil.rmtree(scratch, ignore_errors=True)
+    ssh(dst, "rm -rf /tmp/scp-dst")
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--extra", type=int, default=2, help="extra fleet hosts (ct201, ...)")
+    ap.add_argument("--rate", default="1gbit")
+    args = ap.parse_args()
+    wheels = wheel_dir()
+    manager.up(extra=args.extra, link_rate=args.rate)
+    try:
+        run(args, wheels)
+    finally:
+        manager.down()  # no shaped links or extra hosts left behind
+
+
+def run(args: argparse.Namespace, wheels: Path) -> None:
+    rows = manager.status()
+    by = {r.name: r.address for r in rows}
+    work = Path(tempfile.mkdtemp(prefix="bench-ovl-"))
+    hosts = hosts_file(work, rows)
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache")}  # the bench's own blob cache
+    blobs = work / "cache" / paths.APP / "blobs"
+    install_lane(by["ct129"], wheels)
+    site = ssh(by["ct129"], "ls -d /root/ml-env/lib/python3*/site-packages").strip()
+    size = ssh(by["ct129"], f"du -sb {site}/nvidia").split()[0]
+    fleet_hosts = ["ct200"] + [f"ct{201 + i}" for i in range(args.extra)]
+    base = [CLI, "--hosts", str(hosts), "overlay", "--abi", "cu130", "--json"]
+
+    def clone(host: str, venv: str) -> None:
+        ssh(by[host], f"rm -rf {venv}")
+        subprocess.run([CLI, "--hosts", str(hosts), "venv", "clone", host, "/root/venv", venv],
+                       check=True, capture_output=True, env=env, timeout=600)
+
+    rounds: list[dict[str, float]] = []
+    stages: dict[str, list[dict]] = {"cold": [], "warm": [], "unchanged": [], "fleet": []}
+    for n in range(args.rounds):
+        row: dict[str, float] = {"scp": scp_hops(by["ct129"], by["ct200"], site, work / "scp")}
+        shutil.rmtree(blobs, ignore_errors=True)
+        clone("ct200", "/root/bv-cold")
+        clone("ct200", "/root/bv-warm")
+        row["cold"], j = timed([*base, "--to", "ct200:/root/bv-cold"], env)
+        stages["cold"].append(j)
+        row["warm"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
+        stages["warm"].append(j)
+        row["unchanged"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
+        stages["unchanged"].append(j)
+        for h in ("ct200",):
+            ssh(by[h], "rm -rf /root/bv-cold /root/bv-warm")
+        shutil.rmtree(blobs, ignore_errors=True)
+        for h in fleet_hosts:
+            clone(h, "/root/bv-fleet")
+        row["fleet"], j = timed([*base, *[a for h in fleet_hosts
+                                         for a in ("--to", f"{h}:/root/bv-fleet")]], env)
+        stages["fleet"].append(j)
+        for h in fleet_hosts:
+            ssh(by[h], "rm -rf /root/bv-fleet")
+        row["extra"] = (row["fleet"] - row["cold"]) / max(args.extra, 1)
+        rounds.append(row)
+        print(f"round {n + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in row.items()),
+              flush=True)
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print(f"\nlane: {size} bytes in ct129's site-packages/nvidia; links {args.rate} each way; "
+          f"{args.rounds} rounds, medians:")
+    print(f"two scp -r hops:            {med['scp']:.2f}s")
+    for key, label in (("cold", "cold cache"), ("warm", "second target, cache warm"),
+                       ("extra", f"each extra fleet target ({args.extra})")):
+        ratio = med[key] / med["scp"]
+        verdict = "met" if ratio <= GOALS[key] else "NOT met"
+        print(f"{label + ':':27} {med[key]:.2f}s  ratio {ratio:.2f} (goal <= {GOALS[key]}, "
+              f"{verdict})")
+    print(f"unchanged re-run:           {med['unchanged']:.2f}s (goal <= 1 s, "
+          f"{'met' if med['unchanged'] <= 1 else 'NOT met'})")
+    for kind, runs in stages.items():
+        mid = sorted(runs, key=lambda j: j.get("seconds", {}).get("total", 0))[len(runs) // 2]
+        print(f"stages of the median {kind} run: {json.dumps(mid.get('seconds', {}))}")
+        for t in mid.get("targets", [mid]):
+            print(f"  {t.get('target', {}).get('host')}: {json.dumps(t.get('seconds', {}))} "
+                  f"compression {json.dumps(t.get('compression'))}")
+        if mid.get("source_compression"):
+            print(f"  source stream: {json.dumps(mid['source_compression'])}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    from ddtree_deploy.lab import lock
+
+    with lock.session():  # the whole run holds the lab
+        main()
