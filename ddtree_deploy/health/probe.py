@@ -355,6 +355,8 @@ class _Probe:
             first_s = gen.get("first_s")
             waited = float(first_s) if isinstance(first_s, int | float) else (
                 float(gen.get("seconds") or 0.0) if gen.get("first_timed_out") else 0.0)
+            stall = gen.get("stall_s")  # a gap between tokens the warm-up budget covered
+            waited += float(stall) if isinstance(stall, int | float) else 0.0
             self.warm_used += min(waited, first)
             if gen.get("mode") == "ids" or (gen.get("mode") == "text" and gen.get("tokens")):
                 self.mode = str(gen["mode"])

@@ -179,15 +179,30 @@ def _take_chunk(chunk: dict[str, Any], out: dict[str, Any]) -> None:
         out["tokens"] = count
 
 
+STALL_GAP_S = 2.0  # a gap between two tokens longer than this may be a warm-up stall
+
+
 def _read_stream(resp: Any, t0: float, first_limit: float, limit: float,
                  out: dict[str, Any]) -> None:
     """SSE lines `data: {...}` until [DONE] or the time limits: ``first_limit`` for the first
-    token (warm-up: a first start's JIT compiles land here), then ``limit`` after it."""
+    token (warm-up: a first start's JIT compiles land here), then ``limit`` for the rest.
+
+    One stall after the first token may also draw on the warm-up budget (``first_limit`` from
+    the start): a first sampled request on a real H200 got its first token at once from
+    prefill, then stalled ~100 s while the sampling kernels of the verify step compiled. A gap
+    over ``STALL_GAP_S`` is that stall: it is reported as ``stall_s`` and added to ``limit``.
+    A stream that is slow throughout has no such gap and is judged by ``limit`` alone."""
     sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    last: float | None = None
     while True:
         now = time.monotonic() - t0
         first = out.get("first_s")
-        left = (first_limit - now) if first is None else (first + limit - now)
+        if first is None:
+            left = first_limit - now
+        else:
+            left = float(first) + limit + float(out.get("stall_s") or 0.0) - now
+            if not out.get("stall_s"):  # the one stall may still be under way
+                left = max(left, first_limit - now)
         if left <= 0:
             out["timed_out"] = True
             out["first_timed_out"] = first is None
@@ -209,9 +224,20 @@ def _read_stream(resp: Any, t0: float, first_limit: float, limit: float,
             continue
         if isinstance(chunk, dict):
             _take_chunk(chunk, out)
+            at = time.monotonic() - t0
             if out.get("first_s") is None and (out.get("tokens") or out.get("error")):
-                out["first_s"] = round(time.monotonic() - t0, 4)
+                out["first_s"] = round(at, 4)
                 out["first_tokens"] = out.get("tokens") or 0
+            elif out.get("first_s") is not None:
+                gap = at - (last if last is not None else float(out["first_s"]))
+                if gap > STALL_GAP_S and not out.get("stall_s"):
+                    out["stall_s"] = round(gap, 4)
+                budget_end = float(out["first_s"]) + limit + float(out.get("stall_s") or 0.0)
+                if at > budget_end:
+                    out["timed_out"] = True
+                    out["first_timed_out"] = False
+                    return
+            last = at
 
 
 # What a text prompt gets from a server started with --skip-tokenizer-init (SGLang 0.5.11
@@ -288,8 +314,9 @@ def generate(base: str, prompt: str, prompt_ids: list[int], tokens: int,
     count = out["tokens"] or 0
     out["tok_per_s"] = round(count / seconds, 3) if seconds > 0 else None
     first, first_tokens = out.get("first_s"), out.get("first_tokens") or 0
-    if first is not None and seconds - first > 0.01 and count > first_tokens:
-        out["steady_tok_per_s"] = round((count - first_tokens) / (seconds - first), 3)
+    steady = seconds - (first or 0.0) - float(out.get("stall_s") or 0.0)  # warm-up stalls out
+    if first is not None and steady > 0.01 and count > first_tokens:
+        out["steady_tok_per_s"] = round((count - first_tokens) / steady, 3)
     if out.get("ids") is not None:
         out["ids"] = out["ids"][:32]
     return out
