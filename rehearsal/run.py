@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -48,20 +49,23 @@ class Rehearsal:
                                        "checks": {}, "perf": {}, "not_run": [], "errors": []}
         self.cli = self.carry / "bin" / "ddtree-deploy"
         self.running: dict[str, Any] = {}
+        self._save_lock = threading.Lock()
 
     # --- bookkeeping ----------------------------------------------------------------------
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def save(self) -> None:
-        self.result["elapsed_s"] = round(time.monotonic() - self.t0, 1)
-        tmp = self.out / "rehearsal.json.tmp"
-        tmp.write_text(json.dumps(self.result, indent=1, default=str), encoding="utf-8")
-        tmp.replace(self.out / "rehearsal.json")
-        with tarfile.open(self.out / "logs.tar.gz.tmp", "w:gz") as tar:
-            if self.logs.is_dir():
-                tar.add(self.logs, arcname="logs")
-        (self.out / "logs.tar.gz.tmp").replace(self.out / "logs.tar.gz")
+    def save(self, *, logs: bool = True) -> None:
+        with self._save_lock:  # steps run in threads; one writer at a time
+            self.result["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+            tmp = self.out / "rehearsal.json.tmp"
+            tmp.write_text(json.dumps(self.result, indent=1, default=str), encoding="utf-8")
+            tmp.replace(self.out / "rehearsal.json")
+            if logs:
+                with tarfile.open(self.out / "logs.tar.gz.tmp", "w:gz") as tar:
+                    if self.logs.is_dir():
+                        tar.add(self.logs, arcname="logs")
+                (self.out / "logs.tar.gz.tmp").replace(self.out / "logs.tar.gz")
 
     def step(self, name: str, fn: Any, *, need: float = 0.0) -> Any:
         if self.left() < need:
@@ -118,57 +122,70 @@ class Rehearsal:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "config.json").write_text(json.dumps(cfg, indent=1))
 
-    def tool_commands(self, hosts: Path) -> None:
+    def tool(self, hosts: Path, calls: list[tuple[str, list[str]]]) -> None:
+        out = self.result.setdefault("tool", {})
+        for name, args in calls:
+            out[name] = self.sh(f"tool-{name}", [str(self.cli), "--hosts", str(hosts), *args])
+            self.save(logs=False)
+
+    def deploy_payload(self, hosts: Path) -> None:
+        self.tool(hosts, [("payload_deploy", ["payload", "deploy", "localhost", "--venv",
+                                              str(VENV)])])
+        if self.result["tool"]["payload_deploy"]["exit"] != 0:
+            raise RuntimeError("the payload is not deployed: servers cannot run DDTREE")
+
+    def facts_commands(self, hosts: Path) -> None:
         v = str(VENV)
-        calls = [
+        self.tool(hosts, [
             ("inventory", ["inventory", "localhost", "--refresh", "--json"]),
             ("doctor", ["doctor", "localhost", "--venv", v, "--json"]),
-            ("payload_deploy", ["payload", "deploy", "localhost", "--venv", v]),
             ("payload_verify", ["payload", "verify", "localhost", "--venv", v, "--json"]),
-            ("payload_status", ["payload", "status", "localhost", "--venv", v, "--json"]),
+            ("payload_status", ["payload", "status", "localhost", "--json"]),
+        ])
+
+    def rollback_commands(self, hosts: Path) -> None:
+        v = str(VENV)
+        self.tool(hosts, [
             ("payload_rollback", ["payload", "rollback", "localhost", "--venv", v]),
             ("payload_verify_after_rollback", ["payload", "verify", "localhost", "--venv", v,
                                                "--json"]),
-            ("payload_deploy_again", ["payload", "deploy", "localhost", "--venv", v]),
-            ("doctor_with_payload", ["doctor", "localhost", "--venv", v, "--json"]),
-        ]
-        out = {}
-        for name, args in calls:
-            out[name] = self.sh(f"tool-{name}", [str(self.cli), "--hosts", str(hosts), *args])
-        self.result["tool"] = out
-        if out["payload_deploy_again"]["exit"] != 0:
-            raise RuntimeError("the payload is not deployed: servers cannot run DDTREE")
+            ("payload_status_after_rollback", ["payload", "status", "localhost", "--json"]),
+        ])
 
-    def start_servers(self, servers: list[Any]) -> None:
+    def start_servers(self, servers: list[Any], *, warm: int, meanwhile: Any = None) -> None:
+        """Start ``servers``: the first ``warm`` together (they fill the JIT caches, while
+        ``meanwhile`` runs), then the rest together; each is probed by the tool."""
         from rehearsal import servers as srv
-
-        hosts = {s.name: srv.hosts_file(s, str(VENV), self.logs) for s in servers}
 
         env = dict(os.environ)
         env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
         (WORK / "home").mkdir(parents=True, exist_ok=True)
+        hosts = {s.name: srv.hosts_file(s, str(VENV), self.logs) for s in servers}
         units = {}
         for s in servers:
             units[s.name] = srv.render(self.cli, hosts[s.name], s.name)
             (self.logs / f"{s.name}.service").write_text(units[s.name])
-        first, rest = servers[0], servers[1:]
 
         def launch(s: Any) -> None:
             run = srv.start(s, units[s.name], self.logs, env)
             self.running[s.name] = run
             code, verdict = srv.probe(self.cli, hosts[s.name], run,
-                                      deadline=max(30.0, self.left() - 120))
+                                      deadline=max(30.0, min(300.0, self.left() - 100)))
             run.healthy_s = round(time.monotonic() - run.started, 1)
             self.result["servers"][s.name] = {
                 "port": s.port, "argv": run.argv, "probe_exit": code,
                 "probe": {k: verdict.get(k) for k in ("status", "reason", "warmup_s",
                                                       "elapsed_s", "tok_per_s", "diagnosis")},
                 "ready_s": run.healthy_s}
-            self.save()
+            self.save(logs=False)
 
-        launch(first)  # alone: the JIT caches are filled once
-        with ThreadPoolExecutor(max_workers=len(rest) or 1) as pool:
-            list(pool.map(launch, rest))
+        for group in (servers[:warm], servers[warm:]):
+            with ThreadPoolExecutor(max_workers=len(group) + 1) as pool:
+                jobs = [pool.submit(launch, s) for s in group]
+                if meanwhile is not None and group is not servers[warm:]:
+                    jobs.append(pool.submit(meanwhile))
+                for job in jobs:
+                    job.result()
 
     def healthy(self, name: str) -> bool:
         return self.result["servers"].get(name, {}).get("probe_exit") == 0
@@ -192,13 +209,12 @@ def _servers(phase: str) -> list[Any]:
     if phase == "correctness":
         specs = [
             Server("nospec-ladder", lad),
-            Server("dflash-ladder", lad, "dflash"),
             Server("ddtree15-ladder", lad, "ddtree", 15, 8, backend=None),  # payload picks triton
+            Server("dflash-ladder", lad, "dflash"),
             Server("ddtree31-ladder", lad, "ddtree", 31, 8),
             Server("ddtree63-ladder", lad, "ddtree", 63, 8),
             Server("ddtree15-ladder-nograph", lad, "ddtree", 15, 8, cuda_graph=False),
             Server("shadow15-ladder", lad, "ddtree", 15, 8, shadow_linear=True),
-            Server("nospec-alarm", alarm),
             Server("ddtree15-alarm", alarm, "ddtree", 15, 8),
             Server("ddtree15-alarm-maskfault", alarm, "ddtree", 15, 8, fault="mask"),
             Server("ddtree15-ladder-greedyfollow", lad, "ddtree", 15, 8, fault="greedy-follow"),
@@ -209,8 +225,8 @@ def _servers(phase: str) -> list[Any]:
     else:
         specs = [
             Server("nospec-ladder", lad),
-            Server("dflash-ladder", lad, "dflash"),
             Server("ddtree15-ladder", lad, "ddtree", 15, 8),
+            Server("dflash-ladder", lad, "dflash"),
             Server("ddtree31-ladder", lad, "ddtree", 31, 8),
             Server("nospec-dummy", dummy, dummy=True),
             Server("dflash-dummy", dummy, "dflash", dummy=True),
@@ -254,7 +270,6 @@ def correctness(r: Rehearsal, servers: list[Any]) -> None:
             ("ddtree63-ladder", lad, mixed, "DDTREE", 63, 0),
             ("ddtree15-ladder-nograph", lad, mixed, "DDTREE", 15, 0),
             ("shadow15-ladder", lad, mixed, "DFLASH", 15, 0),
-            ("nospec-alarm", alarm, checks.prompt_set(alarm, 40, seed=2), None, 15, 0),
             ("ddtree15-alarm", alarm, checks.prompt_set(alarm, 40, seed=2), "DDTREE", 15, 0),
             ("ddtree15-alarm-maskfault", alarm, checks.prompt_set(alarm, 40, seed=2), "DDTREE",
              15, 0)]
@@ -307,7 +322,26 @@ def correctness(r: Rehearsal, servers: list[Any]) -> None:
 
 
 def perf(r: Rehearsal, servers: list[Any]) -> None:
+    from rehearsal import checks
     from rehearsal import perf as p
+    from rehearsal.designs import get_design
+
+    lad = get_design("ladder")
+    port = {s.name: s.port for s in servers}
+
+    def dflash_checks() -> None:  # DFLASH's own answers on the designed model (run 2 lacked)
+        name = "dflash-ladder"
+        if not r.healthy(name):
+            return
+        res = checks.lossless(port[name], lad, checks.prompt_set(lad, 40, seed=1),
+                              concurrency=40, algorithm="DFLASH")
+        res["max_running_req"] = checks.max_running(r.logs / f"{name}.log")
+        res.pop("outputs")
+        r.result["checks"][f"lossless/{name}"] = res
+        r.result["checks"][f"accept/{name}"] = checks.long_accept(port[name], lad, "DFLASH",
+                                                                 15, 8)
+
+    r.step("dflash checks", dflash_checks, need=60)
 
     for group in (("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree31-ladder"),
                   ("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree31-dummy")):
@@ -330,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(WORK, ignore_errors=True)
     (WORK / "logs").mkdir(parents=True)
     r = Rehearsal(a.carry, a.out, a.budget, a.phase)
+    hosts: Path | None = None
     try:
         r.step("install", r.install)
         r.step("models", r.models)
@@ -337,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         from rehearsal.servers import hosts_file
 
         hosts = hosts_file(servers[0], str(VENV), r.logs)
-        r.step("tool commands", lambda: r.tool_commands(hosts))
-        r.step("servers", lambda: r.start_servers(servers), need=150)
+        r.step("payload deploy", lambda: r.deploy_payload(hosts))
+        r.step("servers", lambda: r.start_servers(
+            servers, warm=2, meanwhile=lambda: r.facts_commands(hosts)), need=150)
         if a.phase == "correctness":
             correctness(r, servers)
         else:
@@ -346,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         r.stop_all()
         r.save()
+    if hosts is not None:
+        r.step("payload rollback", lambda: r.rollback_commands(hosts))
     return 0
 
 
