@@ -25,7 +25,7 @@ FAULTS_DIR = Path(__file__).resolve().parent / "faults"
 COMMON_ARGS = (
     "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-running-requests", "32",
     "--cuda-graph-max-bs", "32", "--disable-piecewise-cuda-graph", "--random-seed", "1234",
-    "--decode-log-interval", "1",
+    "--decode-log-interval", "1", "--max-total-tokens", "65536",
 )  # fmt: skip
 # What the GPU host needs in every server's environment (set through hosts.yaml's
 # per-deployment `environment:`, so the unit carries it): no hub, tvm-ffi without torch's
@@ -47,7 +47,10 @@ class Server:
     backend: str | None = "triton"  # None: name no backend (the payload picks triton)
     fault: str | None = None  # REHEARSAL_FAULT for rehearsal/faults/sitecustomize.py
     port: int = 0
-    mem_fraction: float = 0.04
+    # SGLang sizes the KV pool as (free memory - (1 - fraction) x total): with several servers
+    # on one GPU a small fraction leaves nothing for those started later, so the fraction is
+    # high and --max-total-tokens caps each pool (and so each server's memory).
+    mem_fraction: float = 0.95
     context_length: int = 2048
     extra: tuple[str, ...] = ()
     dummy: bool = False
