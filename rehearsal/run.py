@@ -206,7 +206,9 @@ def _servers(phase: str) -> list[Any]:
 
     m = str(WORK / "models")
     lad, alarm, dummy = f"{m}/ladder", f"{m}/alarm", f"{m}/dummy"
-    if phase == "correctness":
+    if phase == "dflash-sampled":
+        specs = [Server("dflash-ladder", lad, "dflash")]
+    elif phase == "correctness":
         specs = [
             Server("nospec-ladder", lad),
             Server("ddtree15-ladder", lad, "ddtree", 15, 8, backend=None),  # payload picks triton
@@ -353,11 +355,30 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
             r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
 
 
+def dflash_sampled(r: Rehearsal, server: Any) -> None:
+    """How long DFLASH's first sampled requests take (the probe saw a stall after token 1)."""
+    from rehearsal import client
+
+    def go() -> None:
+        out = []
+        for i in range(3):
+            ans = client.generate(server.port, [11, 12, 100], 8,
+                                  sampling={"temperature": 0.7, "top_p": 0.9, "top_k": 20},
+                                  stream=True, timeout=max(10.0, r.left() - 20))
+            out.append({"try": i, "seconds": round(ans.seconds, 2), "tokens": len(ans.output_ids),
+                        "error": ans.error, "gaps": [round(g, 2) for g in ans.chunk_gaps]})
+            r.result["checks"]["dflash-sampled"] = out
+            r.save()
+
+    r.step("dflash sampled", go, need=20)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rehearsal.run")
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--phase", choices=("correctness", "perf"), default="correctness")
+    ap.add_argument("--phase", choices=("correctness", "perf", "dflash-sampled"),
+                    default="correctness")
     ap.add_argument("--budget", type=float, default=540.0)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -372,17 +393,20 @@ def main(argv: list[str] | None = None) -> int:
         from rehearsal.servers import hosts_file
 
         hosts = hosts_file(servers[0], str(VENV), r.logs)
-        r.step("payload deploy", lambda: r.deploy_payload(hosts))
+        if a.phase != "dflash-sampled":
+            r.step("payload deploy", lambda: r.deploy_payload(hosts))
         r.step("servers", lambda: r.start_servers(
             servers, warm=2, meanwhile=lambda: r.facts_commands(hosts)), need=150)
         if a.phase == "correctness":
             correctness(r, servers)
-        else:
+        elif a.phase == "perf":
             perf(r, servers)
+        else:
+            dflash_sampled(r, servers[0])
     finally:
         r.stop_all()
         r.save()
-    if hosts is not None:
+    if hosts is not None and a.phase != "dflash-sampled":
         r.step("payload rollback", lambda: r.rollback_commands(hosts))
     return 0
 

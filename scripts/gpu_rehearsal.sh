@@ -2,7 +2,8 @@
 # The GPU rehearsal (not CI: CI has no GPU). Two halves of one command:
 #   bash scripts/gpu_rehearsal.sh prepare             # workstation: build the carry set in .carry/
 #   bash scripts/gpu_rehearsal.sh run OUT [PHASE]     # GPU host (repo + .carry copied there):
-#                                                     # PHASE correctness (default) or perf
+#                                                     # PHASE correctness (default), perf or
+#                                                     # dflash-sampled
 # `run` writes OUT/rehearsal.json (schema: rehearsal/result.py) and OUT/logs.tar.gz.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -135,3 +135,14 @@ def test_result_schema_accepts_a_partial_run_and_refuses_unknown_sections() -> N
         result.Result.model_validate({**doc, "servers": {"s": {"port": 0, "argv": [],
                                                                 "probe_exit": 0, "probe": {}}}})
     assert json.loads(got.model_dump_json())["phase"] == "correctness"
+
+
+def test_the_real_h200_runs_validate_and_say_what_they_found() -> None:
+    """Run 2 of the rehearsal on the H200 (2026-12-01, correctness phase), copied from the
+    device's output (benchmarks/results/rehearsal/h200-run2.json holds the same file)."""
+    got = result.load(str(ROOT / "tests" / "data" / "rehearsal" / "h200-run2.json"))
+    lossless = got.lossless()
+    assert lossless["ddtree15-ladder"].ok and lossless["ddtree15-ladder"].max_running_req == 31
+    assert not lossless["ddtree15-alarm-maskfault"].ok  # the negative control failed, as meant
+    assert got.checks["sampling/ddtree15-ladder"]["ok"]
+    assert not got.checks["sampling/ddtree15-ladder-greedyfollow"]["ok"]
