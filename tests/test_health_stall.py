@@ -64,6 +64,7 @@ def test_a_stall_past_the_warm_up_budget_times_out(base: str) -> None:
     out = remote.generate(base, "", [1, 2], 4, {"temperature": 0.7}, 1.5, 0.3, "ids")
     assert out["timed_out"] and not out.get("first_timed_out")
     assert out["tokens"] == 1
+    assert out["stalled"]  # nothing after the first token: the probe asks again on warm-up time
 
 
 class _Slow(_Stalling):
@@ -93,3 +94,4 @@ def test_a_stream_slow_throughout_still_times_out_within_the_budget() -> None:
         server.shutdown()
         server.server_close()
     assert out["timed_out"] and out["tokens"] == 2  # the first gap forgiven, the second not
+    assert not out["stalled"]  # tokens kept coming: judged as slow, not asked again

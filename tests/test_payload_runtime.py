@@ -39,6 +39,7 @@ from test_payload_integration import (
     patched,  # noqa: F401  (fixture)
     sglang_path,  # noqa: F401  (fixture)
     upstream,  # noqa: F401  (fixture)
+    verify_mods,  # noqa: F401  (fixture)
 )
 
 # --- the attention backend, in __post_init__'s real order --------------------------------------
@@ -237,13 +238,19 @@ def test_the_statistical_test_rejects_greedy_follow_and_a_biased_sampler() -> No
     assert _chi2(_walk_counts(hot), law) > CHI2_CRIT
 
 
-def test_filters_follow_dflash_top_k_then_top_p_then_min_p() -> None:
+def test_filters_are_sglangs_own_top_k_then_top_p_on_the_full_distribution_then_min_p() -> None:
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1, 0.0001]]))
     probs, ids = sampling.filtered_probs(logits, torch.ones(1), torch.tensor([3]),
                                          torch.tensor([0.6]))
-    # top-k 3 renormalises to 4/9, 3/9, 2/9; top-p 0.6 keeps the first two (4/9 < 0.6).
+    # top-p 0.6 on the full distribution keeps 0.4 and 0.3 (0.4 of better mass <= 0.6).
     assert ids[0].tolist() == [0, 1, 2]
     assert probs[0].tolist() == pytest.approx([4 / 7, 3 / 7, 0.0])
+    # Where the orders differ: top-k 2, top-p 0.5. SGLang's sampler (sampler.py, pytorch path;
+    # flashinfer "joint") keeps both (0.4 <= 0.5); DFLASH's renormalised top-p (4/7 > 0.5)
+    # would keep one.
+    probs, _ = sampling.filtered_probs(logits, torch.ones(1), torch.tensor([2]),
+                                       torch.tensor([0.5]))
+    assert probs[0].tolist() == pytest.approx([4 / 7, 3 / 7])
     probs, _ = sampling.filtered_probs(logits, torch.ones(1), torch.tensor([5]),
                                        torch.ones(1), torch.tensor([0.6]))
     assert probs[0].tolist() == pytest.approx([4 / 7, 3 / 7, 0, 0, 0], abs=1e-4)
@@ -256,6 +263,31 @@ def test_filters_follow_dflash_top_k_then_top_p_then_min_p() -> None:
     share = (cold == 0).float().mean().item()
     want = 0.4**4 / sum(p**4 for p in (0.4, 0.3, 0.2, 0.1, 0.0001))
     assert share == pytest.approx(want, abs=0.04)
+
+
+def test_top_p_one_keeps_the_whole_tail() -> None:
+    # float32 cumulative sums reach 1.0 before the tail ends on a large vocabulary; top-p 1
+    # must keep every token all the same (a review found the tail dropped).
+    logits = torch.randn(2, 50000, generator=torch.Generator().manual_seed(9)) * 4
+    probs, _ = sampling.filtered_probs(logits, torch.ones(2), torch.full((2,), 50000),
+                                       torch.ones(2))
+    assert int((probs > 0).sum()) == 2 * 50000
+
+
+def test_greedy_rows_of_a_mixed_batch_take_their_argmax_and_the_dense_path_samples() -> None:
+    logits = torch.zeros(6, 8)
+    logits[:, 3] = 1.0
+    logits[:, 5] = 1.0  # a tie: the argmax is the first of them, whatever the batch holds
+    ks = torch.tensor([1, 1, 8, 8, 1, 8])
+    got = sampling.sample_tokens(logits, torch.ones(6), ks, torch.ones(6), max_top_k=8,
+                                 need_top_p=False, generator=torch.Generator().manual_seed(1))
+    assert got[[0, 1, 4]].tolist() == [int(torch.argmax(logits[0]))] * 3
+    rows = 4000
+    dense = sampling.sample_tokens(torch.log(torch.tensor([[0.5, 0.25, 0.25]])).expand(rows, 3),
+                                   torch.ones(rows), torch.full((rows,), 3), torch.ones(rows),
+                                   max_top_k=3, need_top_p=False,
+                                   generator=torch.Generator().manual_seed(2))
+    assert (dense == 0).float().mean().item() == pytest.approx(0.5, abs=0.03)
 
 
 def test_sampling_in_chunks_equals_one_pass() -> None:
@@ -442,3 +474,30 @@ def _load_verify() -> Any:
     finally:
         del sys.modules[module.__name__]
     return module
+
+
+def test_the_verify_input_samples_through_sampling_info(verify_mods: Any) -> None:  # noqa: F811
+    """DDTreeVerifyInput.verify with a non-greedy sampling_info: greedy rows (top-k 1) follow the
+    argmax through the sampler path and commit what the greedy path commits."""
+    import test_payload_integration as t
+
+    info, verify = verify_mods
+    kv: dict[int, tuple[int, int]] = {}
+    alloc = t._Alloc()
+    batch = t._batch([t.TRUE[:4], t.TRUE[:6]], kv, alloc)
+    for req in batch.reqs:
+        req.sampling_params = types.SimpleNamespace(top_k=1)
+    batch.sampling_info = types.SimpleNamespace(
+        is_all_greedy=False, temperatures=torch.ones(2, 1), top_ks=torch.ones(2, dtype=torch.long),
+        top_ps=torch.ones(2), min_ps=torch.zeros(2), need_min_p_sampling=False,
+        need_top_p_sampling=False, has_custom_logit_processor=False, logit_bias=None,
+        penalizer_orchestrator=types.SimpleNamespace(is_required=False))
+    top_lp, top_tok = verify.draft_topk(t._draft_logits(), 4)
+    roots = torch.tensor([r.output_ids[-1] for r in batch.reqs])
+    plan = verify.plan_round(top_lp, top_tok, roots, batch.seq_lens, budget=10)
+    spec = info.DDTreeVerifyInput.from_round(plan)
+    spec.prepare_for_verify(batch, 1, build_custom_mask=True)
+    _, commit, _, accepted = spec.verify(batch=batch, logits_output=t._target_forward(
+        batch, spec, kv), page_size=1)
+    assert batch.reqs[0].output_ids == t.TRUE[4:10] and accepted == [4, 4]
+    assert commit.tolist() == [5, 5]

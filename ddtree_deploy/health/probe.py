@@ -355,6 +355,8 @@ class _Probe:
             first_s = gen.get("first_s")
             waited = float(first_s) if isinstance(first_s, int | float) else (
                 float(gen.get("seconds") or 0.0) if gen.get("first_timed_out") else 0.0)
+            if gen.get("stalled"):  # cut in a stall after its first token: warm-up time too
+                waited = float(gen.get("seconds") or 0.0)
             stall = gen.get("stall_s")  # a gap between tokens the warm-up budget covered
             waited += float(stall) if isinstance(stall, int | float) else 0.0
             self.warm_used += min(waited, first)
@@ -419,7 +421,7 @@ class _Probe:
             if self.http.health == 200:
                 gen = (report.get("http") or {}).get("generation")
                 if kind is not None and isinstance(gen, dict):
-                    if gen.get("first_timed_out"):
+                    if gen.get("first_timed_out") or gen.get("stalled"):
                         if self.warm_left() <= 0.05:
                             return self._deadline()
                         continue  # asked again, with the warm-up budget left

@@ -311,6 +311,9 @@ def generate(base: str, prompt: str, prompt_ids: list[int], tokens: int,
         _attempt(base, prompt_ids, tokens, params, max(0.05, first_limit - spent), limit, out)
     seconds = time.monotonic() - t0
     out["seconds"] = round(seconds, 4)
+    # Cut with nothing after the first token: a stall (the probe may ask again on warm-up time).
+    out["stalled"] = bool(out.get("timed_out")) and out.get("first_s") is not None and (
+        out.get("tokens") or 0) <= (out.get("first_tokens") or 0)
     count = out["tokens"] or 0
     out["tok_per_s"] = round(count / seconds, 3) if seconds > 0 else None
     first, first_tokens = out.get("first_s"), out.get("first_tokens") or 0

@@ -10,13 +10,16 @@ output has the target's distribution whatever the drafter proposed: the tree onl
 many of those draws a round gets. :func:`ddtree.core.walk_tree` does the walk unchanged when
 given these samples instead of the argmax.
 
-The filters follow DFLASH's sampled verify in SGLang 0.5.11 (top-k first, probabilities
-renormalised over the top-k, then top-p over the renormalised probabilities) and add min-p as
-SGLang's own sampler does (tokens below ``min_p x`` the largest kept probability dropped). A
-greedy request (SGLang gives it top-k 1) gets its argmax. The draw is the exponential race
-(``argmax p_i / E_i`` with ``E_i ~ Exp(1)``), an exact categorical sample with no host
-synchronisation. Rows are processed in chunks so that the ``[rows, vocab]`` float32 temporaries
-stay bounded.
+The filters are those of SGLang's own sampler (``sampler.py``'s pytorch path; flashinfer's
+"joint" order): top-k, then top-p measured on the *full* distribution's probabilities (a token is
+kept while the mass of the better tokens is at most top-p), then min-p against the largest kept
+probability; the kept tokens are renormalised. So a DDTREE request samples what the same request
+samples without speculation. (DFLASH in 0.5.11 measures top-p on the probabilities renormalised
+over the top-k, which keeps fewer tokens; it ignores min-p.) A greedy request (SGLang gives it
+top-k 1) gets its argmax. The draw is the exponential race (``argmax p_i / E_i`` with
+``E_i ~ Exp(1)``), an exact categorical sample with no host synchronisation. Rows are processed in
+chunks so that the ``[rows, vocab]`` float32 temporaries stay bounded; where no row restricts the
+vocabulary (top-k unset, top-p 1, no min-p) the full softmax is sampled without sorting.
 """
 
 from __future__ import annotations
@@ -35,25 +38,31 @@ def filtered_probs(
     top_ks: Tensor,
     top_ps: Tensor,
     min_ps: Tensor | None = None,
+    *,
+    max_top_k: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The filtered target distribution over each row's top-k: ``(probs, token_ids)``.
 
     ``logits [R, V]``; ``temperatures``, ``top_ks``, ``top_ps``, ``min_ps`` are ``[R]``.
     Returns ``[R, K]`` float32 probabilities (summing to 1, zeros where filtered out) and the
-    ``[R, K]`` int64 vocabulary ids they belong to, with ``K = min(max(top_ks), V)``.
+    ``[R, K]`` int64 vocabulary ids they belong to, with ``K = min(max(top_ks), V)``
+    (``max_top_k``, when the caller knows it on the host, saves reading it from the device).
     """
     rows, vocab = logits.shape
     dev = logits.device
     ks = top_ks.to(device=dev, dtype=torch.int64).clamp(min=1, max=vocab)
-    k = int(ks.max()) if rows else 1
+    if max_top_k is None:
+        max_top_k = int(ks.max()) if rows else 1
+    k = max(1, min(int(max_top_k), vocab))
     scaled = logits.float() / temperatures.to(device=dev, dtype=torch.float32).view(-1, 1)
+    total = torch.logsumexp(scaled, dim=-1, keepdim=True)  # the full distribution's normaliser
     top_logits, top_ids = torch.topk(scaled, k, dim=-1, largest=True, sorted=True)
+    full = torch.exp(top_logits - total)  # probabilities under the whole vocabulary
     ranks = torch.arange(k, device=dev).view(1, -1)
-    top_logits = top_logits.masked_fill(ranks >= ks.view(-1, 1), float("-inf"))
-    probs = torch.softmax(top_logits, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass of the better tokens
+    before = torch.cumsum(full, dim=-1) - full  # mass of the better tokens
     ps = top_ps.to(device=dev, dtype=torch.float32).view(-1, 1)
-    probs = torch.where((before < ps) | (ranks == 0), probs, 0.0)
+    keep = (ranks < ks.view(-1, 1)) & ((before <= ps) | (ps >= 1.0) | (ranks == 0))
+    probs = torch.where(keep, full, 0.0)
     if min_ps is not None:
         floor = probs[:, :1] * min_ps.to(device=dev, dtype=torch.float32).view(-1, 1)
         probs = torch.where(probs >= floor, probs, 0.0)
@@ -68,23 +77,38 @@ def sample_tokens(
     top_ps: Tensor,
     min_ps: Tensor | None = None,
     *,
+    max_top_k: int | None = None,
+    need_top_p: bool = True,
     generator: torch.Generator | None = None,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> Tensor:
-    """One sample per row of ``logits [R, V]`` under each row's filters -> ``[R]`` int64."""
+    """One sample per row of ``logits [R, V]`` under each row's filters -> ``[R]`` int64.
+
+    ``max_top_k``: the largest top-k among the rows that sample (greedy rows, top-k 1, take
+    their argmax whatever it is), known on the host; ``need_top_p``: whether any row has
+    top-p < 1. With neither restricting the vocabulary and no min-p, no sort is needed.
+    """
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    greedy = top_ks.to(device=logits.device).view(-1) <= 1
+    dense = max_top_k is not None and max_top_k >= vocab and not need_top_p and min_ps is None
     step = max(1, chunk_elements // max(1, vocab))
     for lo in range(0, rows, step):
         hi = min(rows, lo + step)
-        probs, ids = filtered_probs(
-            logits[lo:hi],
-            temperatures[lo:hi],
-            top_ks[lo:hi],
-            top_ps[lo:hi],
-            None if min_ps is None else min_ps[lo:hi],
-        )
-        race = torch.empty_like(probs).exponential_(1.0, generator=generator)
-        pick = torch.argmax(probs / race, dim=-1, keepdim=True)
-        out[lo:hi] = ids.gather(1, pick).squeeze(1)
+        if dense:
+            scaled = logits[lo:hi].float() / temperatures[lo:hi].to(
+                device=logits.device, dtype=torch.float32).view(-1, 1)
+            probs = torch.softmax(scaled, dim=-1)
+            race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+            picked = torch.argmax(probs / race, dim=-1)
+        else:
+            probs, ids = filtered_probs(
+                logits[lo:hi], temperatures[lo:hi], top_ks[lo:hi], top_ps[lo:hi],
+                None if min_ps is None else min_ps[lo:hi],
+                max_top_k=None if max_top_k is None else max(1, max_top_k),
+            )  # fmt: skip
+            race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+            pick = torch.argmax(probs / race, dim=-1, keepdim=True)
+            picked = ids.gather(1, pick).squeeze(1)
+        out[lo:hi] = torch.where(greedy[lo:hi], torch.argmax(logits[lo:hi], dim=-1), picked)
     return out

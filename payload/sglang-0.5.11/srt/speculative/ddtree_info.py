@@ -81,12 +81,17 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         if info is None or info.is_all_greedy:
             return torch.argmax(logits, dim=-1).view(bs, n)
         min_ps = info.min_ps.reshape(-1) if info.need_min_p_sampling else None
+        # The largest top-k of the requests that sample, from the host (no device read).
+        sampled_ks = [int(r.sampling_params.top_k) for r in batch.reqs
+                      if int(r.sampling_params.top_k) > 1]
         return sample_tokens(
             logits,
             torch.repeat_interleave(info.temperatures.reshape(-1), n),
             torch.repeat_interleave(info.top_ks.reshape(-1), n),
             torch.repeat_interleave(info.top_ps.reshape(-1), n),
             None if min_ps is None else torch.repeat_interleave(min_ps, n),
+            max_top_k=max(sampled_ks, default=1),
+            need_top_p=bool(info.need_top_p_sampling),
         ).view(bs, n)
 
     def verify(
