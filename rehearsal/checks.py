@@ -143,10 +143,11 @@ def sampling_law(port: int, logits: Any, *, temperature: float, count: int, leng
                  seed: int) -> dict[str, Any]:
     """Sampled requests; every transition (prev -> next) is tested against softmax(logits/T).
 
-    Categories per transition: the target's top-1 after ``prev``, or any other token. The
-    statistic is a chi-square over (prev's top-1 probability band x category) cells; with
-    ``count x length`` transitions a greedy-follow sampler (always top-1) or one that ignores
-    the temperature lands far above the critical value.
+    The statistic is the z score of the count of transitions to the target's top-1 after
+    ``prev`` against its expectation (the sum of those probabilities; a normal approximation of
+    the Poisson-binomial); with ``count x length`` transitions a greedy-follow sampler (always
+    top-1) or one that ignores the temperature lands far past |z| = 4. Temperature only: top-k,
+    top-p and min-p are checked on CPU (tests/test_payload_runtime.py).
     """
     import torch
 

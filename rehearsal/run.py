@@ -59,7 +59,16 @@ class Rehearsal:
         with self._save_lock:  # steps run in threads; one writer at a time
             self.result["elapsed_s"] = round(time.monotonic() - self.t0, 1)
             tmp = self.out / "rehearsal.json.tmp"
-            tmp.write_text(json.dumps(self.result, indent=1, default=str), encoding="utf-8")
+            for _ in range(20):  # other threads add results while the encoder walks the dicts
+                try:
+                    text = json.dumps(self.result, indent=1, default=str)
+                    break
+                except RuntimeError:
+                    time.sleep(0.05)
+            else:
+                text = json.dumps({"format": 1, "phase": self.phase, "errors": [
+                    {"step": "save", "trace": "results changed while being written"}]})
+            tmp.write_text(text, encoding="utf-8")
             tmp.replace(self.out / "rehearsal.json")
             if logs:
                 with tarfile.open(self.out / "logs.tar.gz.tmp", "w:gz") as tar:
@@ -360,6 +369,8 @@ def dflash_sampled(r: Rehearsal, server: Any) -> None:
     from rehearsal import client
 
     def go() -> None:
+        if not r.healthy(server.name):
+            raise RuntimeError(f"{server.name} is not healthy: nothing to time")
         out = []
         for i in range(3):
             ans = client.generate(server.port, [11, 12, 100], 8,
