@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sshd_fixture import Sshd, sshd_available
@@ -27,7 +29,6 @@ def lab_possible() -> str | None:
 def kept_connections_end() -> Iterator[None]:
     """The OpenSSH masters the tool keeps for facts (ssh_persist) live in a control folder of
     this session's own (so another run's are never touched), ended with the session."""
-    import tempfile
 
     from ddtree_deploy.transport import openssh
 
@@ -115,3 +116,16 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture()
+def openssh_control(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private OpenSSH control folder per test (short: socket paths are limited); the masters
+    kept there are ended and the folder removed after the test."""
+    from ddtree_deploy.transport import openssh
+
+    runtime = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    yield runtime
+    openssh.disconnect_all()
+    shutil.rmtree(runtime, ignore_errors=True)

@@ -13,7 +13,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -25,8 +24,6 @@ import yaml
 from hostkey_attempt import attempt
 from sshd_fixture import Sshd, keygen, openssh_fingerprint, sshd_available
 
-from ddtree_deploy.transport import openssh
-
 HERE = Path(__file__).parent
 CASES: list[dict[str, Any]] = yaml.safe_load(
     (HERE / "data" / "hostkey_cases.yaml").read_text(encoding="utf-8"))["cases"]
@@ -34,18 +31,9 @@ TRANSPORTS = ["openssh", "paramiko"]
 CHILD_MEMORY = 2 << 30  # bytes of address space for a child attempt
 CHILD_TIMEOUT = 60  # seconds: a hang is a failure, not a stalled run
 
-pytestmark = [pytest.mark.sshd,
+pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("openssh_control"),
               pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")]
 
-
-@pytest.fixture(autouse=True)
-def control(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private control folder per test (short: socket paths are limited), emptied after."""
-    runtime = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    yield runtime
-    openssh.disconnect_all()
-    shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import paramiko
@@ -17,22 +15,13 @@ import pytest
 from sshd_fixture import Sshd, keygen, openssh_fingerprint
 
 from ddtree_deploy.errors import HostKeyError
-from ddtree_deploy.transport import openssh
 from ddtree_deploy.transport.hostkeys import HOST_KEY_ALGORITHMS, HostKeyChangedError, KnownHosts
 from ddtree_deploy.transport.openssh import OpenSshTransport
 from ddtree_deploy.transport.ssh import SshTransport
 
-pytestmark = [pytest.mark.sshd,
+pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("openssh_control"),
               pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")]
 
-
-@pytest.fixture(autouse=True)
-def control(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    runtime = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    yield runtime
-    openssh.disconnect_all()
-    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _files(sshd: Sshd, tmp_path: Path) -> tuple[Path, Path, Path]:

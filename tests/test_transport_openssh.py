@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,9 @@ from ddtree_deploy.errors import AuthError, CommandTimeout, HostKeyError, Unreac
 from ddtree_deploy.transport import Command, SshTransport, openssh
 from ddtree_deploy.transport.openssh import OpenSshTransport, map_ssh_error
 
-pytestmark = [pytest.mark.sshd,
+pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("openssh_control"),
               pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")]
 
-
-@pytest.fixture(autouse=True)
-def control(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private control folder per test (short: socket paths are limited), emptied after."""
-    runtime = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    yield runtime
-    openssh.disconnect_all()
-    shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.fixture
