@@ -89,39 +89,28 @@ def _words(text: str, where: str) -> list[str]:
     return words
 
 
-def _unpercent(word: str, where: str) -> str:
+def _undouble(word: str, char: str, where: str, refusal: str) -> str:
+    """Undo the renderer's doubling of ``char`` (``%%``, ``$$``); a lone ``char`` is refused."""
     out: list[str] = []
     i = 0
     while i < len(word):
-        if word[i] == "%":
-            if word[i + 1:i + 2] != "%":
-                raise UnitParseError(
-                    f"{where}: specifier %{word[i + 1:i + 2]} in {word!r} has a meaning only "
-                    "systemd can give it"
-                )
-            out.append("%")
-            i += 2
-        else:
+        if word[i] != char:
             out.append(word[i])
             i += 1
+            continue
+        if word[i + 1:i + 2] != char:
+            raise UnitParseError(f"{where}: {refusal.format(next=word[i + 1:i + 2])} in {word!r}")
+        out.append(char)
+        i += 2
     return "".join(out)
+
+
+def _unpercent(word: str, where: str) -> str:
+    return _undouble(word, "%", where, "specifier %{next} (a meaning only systemd can give it)")
 
 
 def _undollar(word: str, where: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(word):
-        if word[i] == "$":
-            if word[i + 1:i + 2] != "$":
-                raise UnitParseError(
-                    f"{where}: environment reference in {word!r} (the renderer writes $$)"
-                )
-            out.append("$")
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return "".join(out)
+    return _undouble(word, "$", where, "environment reference (the renderer writes $$)")
 
 
 def _directives(text: str) -> list[tuple[int, str, str, str]]:
