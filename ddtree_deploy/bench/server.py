@@ -6,7 +6,7 @@ Two ways, one interface:
   from the deployment with the configuration's flags, verified and installed atomically,
   daemon-reload, restart, then the health probe. `restore` puts back the unit file that was
   installed before, byte for byte (or removes the unit if there was none) and leaves it
-  running or stopped as it was; the result is read back and compared.
+  running or stopped, enabled or disabled, as it was; the result is read back and compared.
 - `PlainControl` (hosts without systemd, e.g. the H200 GPU host; the local transport only):
   the same rendered unit run as a plain process (`service/plainproc.py`: ExecStart argv,
   Environment=, WorkingDirectory=), its output in a log file, probed with `--pid/--log-file`;
@@ -17,6 +17,7 @@ Two ways, one interface:
 from __future__ import annotations
 
 import hashlib
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from ddtree_deploy import __version__
 from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.health.probe import ProbeTarget, Verdict, probe_service
 from ddtree_deploy.service.render import render_unit
-from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.service.spec import UNIT_DIR, ServiceSpec
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 
@@ -62,19 +63,37 @@ class SystemdControl:
     t: ExecTransport
     unit: str
     mode: str = "systemd"
-    original: str | None = None
+    original: bytes | None = None  # the unit file as it was, byte for byte (None: no unit)
     was_active: bool = False
+    was_enabled: bool = True
     prepared: bool = False
+
+    @property
+    def path(self) -> str:
+        return f"{UNIT_DIR}/{self.unit}"
+
+    def _read(self) -> bytes | None:
+        """The unit file's bytes as they are on the host (None when there is none)."""
+        buf = io.BytesIO()
+        r = self.t.run_stream_out(Command.shell('[ -f "$1" ] || exit 3; exec cat -- "$1"',
+                                                self.path, sudo=True), buf, timeout=30)
+        if r.exit_code == 3:
+            return None
+        r.check()
+        return buf.getvalue()
 
     def prepare(self) -> None:
         from ddtree_deploy.service import install
 
-        self.original = install.current_text(self.t, self.unit)
-        if self.original is not None and not install.is_managed(self.original):
+        text = install.current_text(self.t, self.unit)
+        if text is not None and not install.is_managed(text):
             raise RefusedError(f"{self.unit} on {self.t.host} was not created by ddtree-deploy; "
                                "bench leaves it alone")
+        self.original = self._read() if text is not None else None
         state = self.t.run(Command.of("systemctl", "is-active", self.unit), timeout=30)
         self.was_active = state.stdout.strip() in ("active", "activating", "reloading")
+        enabled = self.t.run(Command.of("systemctl", "is-enabled", self.unit), timeout=30)
+        self.was_enabled = enabled.stdout.strip() not in ("disabled", "not-found")
         self.prepared = True
 
     def start(self, spec: ServiceSpec, key: str, deadline_s: float, warmup_s: float
@@ -88,6 +107,8 @@ class SystemdControl:
         return verdict, {"unit_sha256": unit_digest(text)}
 
     def restore(self) -> str:
+        """Put back the bytes that were there (not re-verified: systemd loaded them before),
+        read them back, and the unit's running and enabled state as it was."""
         from ddtree_deploy.service import install
 
         if not self.prepared:
@@ -99,16 +120,22 @@ class SystemdControl:
                 raise DeployError(f"{self.unit} on {self.t.host}: could not remove the bench's "
                                   "unit")
             return f"{self.unit} removed (there was none before)"
-        install.install(self.t, self.unit, self.original)
-        back = install.current_text(self.t, self.unit)
-        if back != self.original:
+        if self._read() != self.original:
+            self.t.put_stream(io.BytesIO(self.original), self.path, mode=0o644, sudo=True)
+            install._systemctl(self.t, "daemon-reload")
+        if self._read() != self.original:
             raise DeployError(f"{self.unit} on {self.t.host}: the unit put back differs from the "
                               "one installed before the bench")
         if self.was_active:
             install.restart(self.t, self.unit)
-            return f"{self.unit} put back byte for byte and restarted"
-        install._systemctl(self.t, "stop", self.unit, check=False)
-        return f"{self.unit} put back byte for byte (stopped, as it was)"
+            done = f"{self.unit} put back byte for byte and restarted"
+        else:
+            install._systemctl(self.t, "stop", self.unit, check=False)
+            done = f"{self.unit} put back byte for byte (stopped, as it was)"
+        if not self.was_enabled:
+            install._systemctl(self.t, "disable", self.unit)
+            done += ", disabled as it was"
+        return done
 
 
 @dataclass
