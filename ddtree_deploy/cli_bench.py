@@ -28,6 +28,7 @@ app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
 out = console(soft_wrap=True)
 err = console(stderr=True, soft_wrap=True)
 DEFAULT_CONFIGS = "none,dflash,ddtree:15/8,ddtree:31/8"
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM (the service put back first)
 
 
 def _facts(config: Any, spec: Any, venvs: list[str]) -> Any:
@@ -91,7 +92,7 @@ def run(
     from ddtree_deploy.bench.prepare import host_facts, pick_deployment, prepare
     from ddtree_deploy.bench.results import Results, results_dir
     from ddtree_deploy.bench.server import PlainControl, SystemdControl
-    from ddtree_deploy.bench.sweep import make_plan, run_sweep
+    from ddtree_deploy.bench.sweep import SweepInterrupted, make_plan, run_sweep
     from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.lock import HostLock
     from ddtree_deploy.transport import Command
@@ -157,10 +158,19 @@ def run(
                 raise typer.Exit(int(ExitCode.FAILED))
         control = (PlainControl(t, path.parent / f"{path.stem}-logs") if mode == "plain"
                    else SystemdControl(t, base.unit_name))
-        with open_transport(config, spec_host) as lock_t, HostLock(lock_t, spec_host) as lock:
-            swept = _with_progress(lambda hooks: run_sweep(
-                t, control, plan, results, deadline_s=deadline, warmup_s=warmup,
-                hooks=hooks), len(plan.todo), lock.check, as_json)
+        try:
+            with open_transport(config, spec_host) as lock_t, \
+                    HostLock(lock_t, spec_host) as lock:
+                swept = _with_progress(lambda hooks: run_sweep(
+                    t, control, plan, results, deadline_s=deadline, warmup_s=warmup,
+                    hooks=hooks), len(plan.todo), lock.check, as_json)
+        except SweepInterrupted as stop:
+            summary.update(stop.summary)
+            if as_json:
+                print_json(out, {**summary, "exit_code": EXIT_INTERRUPTED})
+            _say(f"interrupted: {summary['measured']} cells measured, kept in {path}; a re-run "
+                 "measures the rest")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
     summary.update(swept)
     if as_json:
         print_json(out, summary)

@@ -156,11 +156,15 @@ def test_ctrl_c_puts_back_the_stopped_unit_and_leaves_it_stopped(
     monkeypatch.setattr(sweepmod, "run_load", interrupted)
     plan, results = _plan(tmp_path)
     control = SystemdControl(FakeTransport(fake), UNIT)  # type: ignore[arg-type]
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(sweepmod.SweepInterrupted) as stopped:  # a KeyboardInterrupt
         sweepmod.run_sweep(FakeTransport(fake), control, plan, results,  # type: ignore[arg-type]
                            deadline_s=10, warmup_s=10, hooks=sweepmod.Hooks())
     assert fake.units[UNIT] == ORIGINAL and not fake.active and fake.enabled
     assert fake.log[-1] == "stop " + UNIT
+    # the CLI prints this summary (--json) before it exits 130
+    said = stopped.value.summary
+    assert said["interrupted"] is True and said["measured"] == 0
+    assert said["restored"] == f"{UNIT} put back byte for byte (stopped, as it was)"
 
 
 def test_a_disabled_unit_is_left_stopped_and_disabled(

@@ -140,6 +140,14 @@ def shielded() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old_term)
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the sweep; `summary` is complete (the service put back)."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__()
+        self.summary = summary
+
+
 @dataclass
 class Hooks:
     """What the CLI shows while the sweep runs (progress, messages)."""
@@ -151,7 +159,8 @@ class Hooks:
 
 def run_sweep(t: ExecTransport, control: ServerControl, plan: Plan, results: Results, *,
               deadline_s: float, warmup_s: float, hooks: Hooks) -> dict[str, Any]:
-    """Run what is left of the plan; always restores. Returns a summary."""
+    """Run what is left of the plan; always restores. Returns a summary (raises
+    SweepInterrupted, a KeyboardInterrupt, with it after Ctrl-C or SIGTERM)."""
     grid = plan.grid
     summary: dict[str, Any] = {"measured": 0, "skipped": plan.skipped, "unhealthy": [],
                                "interrupted": False, "restored": None}
@@ -200,7 +209,7 @@ def run_sweep(t: ExecTransport, control: ServerControl, plan: Plan, results: Res
                     hooks.cell_done(cell, metrics)
     except KeyboardInterrupt:
         summary["interrupted"] = True
-        raise
+        raise SweepInterrupted(summary) from None  # `restored` is filled in before it leaves
     finally:
         with shielded():
             hooks.say("putting back the service as it was ...")
