@@ -97,8 +97,9 @@ def up(
 ) -> None:
     """Render, verify, install and (re)start a service, then probe it."""
     from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.converge.steps.service_probe import target_of
+    from ddtree_deploy.converge.steps.unit_install import install_unit
     from ddtree_deploy.service import install
-    from ddtree_deploy.service.render import render_unit
     from ddtree_deploy.service.resolve import Overrides, build_spec
 
     if algorithm is not None and algorithm not in ("none", "dflash", "ddtree"):
@@ -124,9 +125,8 @@ def up(
     venvs = [venv] if venv else ([str(spec_host.venvs[dep.venv].path)] if dep else [])
     facts = _facts(config, spec_host, venvs, refresh=True)
     spec = build_spec(spec_host, facts, dep, flags, force=force)
-    text = render_unit(spec, tool_version=__version__)
-    with open_transport(config, spec_host) as t:
-        changed = install.install(t, spec.unit_name, text)
+    with open_transport(config, spec_host) as t:  # the unit as apply's unit.install puts it
+        text, changed = install_unit(t, spec)
         _drop_facts(spec_host)
         install.restart(t, spec.unit_name)
         err.print(f"{spec.unit_name} on {spec_host.name}: "
@@ -134,7 +134,10 @@ def up(
                   f"(GPU {','.join(map(str, spec.gpus))}, port {spec.port})")
         if no_probe:
             return
-        _probe_and_exit(t, spec.unit_name, spec.port, deadline, as_json=False)
+        target = target_of(text, spec.unit_name, spec_host.name, port=spec.port)
+        assert target is not None
+        _probe_and_exit(t, spec.unit_name, target.port, deadline, as_json=False,
+                        input_ids=target.input_ids)
 
 
 def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_json: bool,
@@ -285,6 +288,7 @@ def probe(
     """Is the service healthy? Fail-fast on crashes (known signatures), bounded by --deadline;
     healthy when a greedy and a sampled generation answered (first tokens within --warmup)."""
     from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.converge.steps.service_probe import target_of
     from ddtree_deploy.service import install
 
     config = config_of(ctx)
@@ -304,14 +308,9 @@ def probe(
     with open_transport(config, spec_host) as t:
         text = ""
         if port is None and unit is not None:
-            from ddtree_deploy.service.spec import PORT_KEY
-
             text = install.current_text(t, unit) or ""
-            found = [ln.split("=", 1)[1] for ln in text.splitlines()
-                     if ln.startswith(f"{PORT_KEY}=")]
-            port = int(found[0]) if found and found[0].strip().isdigit() else None
-        if port is None:
+        target = target_of(text, unit, t.host, port=port)  # as apply's service.probe reads it
+        if target is None:
             raise UsageError(f"cannot tell {unit}'s port on {host}: give --port")
-        _probe_and_exit(t, unit, port, deadline, as_json=as_json, pid=pid, log_file=log_file,
-                        warmup=warmup,
-                        input_ids=True if "--skip-tokenizer-init" in text else None)
+        _probe_and_exit(t, unit, target.port, deadline, as_json=as_json, pid=pid,
+                        log_file=log_file, warmup=warmup, input_ids=target.input_ids)

@@ -22,8 +22,8 @@ def clone(ctx: typer.Context, host: str = typer.Argument(...),
           dst: str = typer.Argument(..., help="where the copy goes (must not exist)")) -> None:
     """Copy a venv on its host: symlinks kept, scripts' shebangs and pyvenv.cfg fixed."""
     from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.converge.steps._venv_clone import clone as do_clone
     from ddtree_deploy.facts.cache import FactsCache
-    from ddtree_deploy.venvclone import clone as do_clone
 
     config = config_of(ctx)
     spec = config.host(host)

@@ -9,6 +9,7 @@ from ddtree_deploy.config import load_config
 from ddtree_deploy.converge.hoststate import HostState, parse
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import Plan, fingerprint
+from ddtree_deploy.converge.steps.venv_create import VenvCreate
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.service.render import render_unit
@@ -58,7 +59,8 @@ def test_from_nothing_every_step_of_the_story() -> None:
     assert ("package.install", "soundfile==0.13.1") in pending(steps)
     assert kinds[-3:] == ["payload.deploy", "unit.install", "service.start"]
     create = steps[0]
-    assert create.params == {"venv": V, "clone": "/root/venv"} and "does not exist" in create.reason
+    assert create.params == VenvCreate(V, clone="/root/venv") and "does not exist" in create.reason
+    assert create.as_json()["params"] == {"venv": V, "clone": "/root/venv"}
 
 
 def test_converged_host_has_no_changes_and_says_why() -> None:
@@ -128,7 +130,7 @@ def test_only_wheels_with_nvidia_library_folders_make_the_unit_gather_again(
 ) -> None:
     import zipfile
 
-    from ddtree_deploy.converge.runner import _adds_library_folders
+    from ddtree_deploy.converge.steps.package_install import adds_library_folders
 
     def wheel(name: str, members: list[str]) -> Path:
         path = tmp_path / name
@@ -142,5 +144,5 @@ def test_only_wheels_with_nvidia_library_folders_make_the_unit_gather_again(
     soundfile = wheel("soundfile-0.13.1-py2.py3-none-any.whl", ["soundfile.py"])
     cudnn = wheel("nvidia_cudnn_cu13-9.13.0.50-py3-none-manylinux_2_27_x86_64.whl",
                   ["nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cudnn/include/cudnn.h"])
-    assert not _adds_library_folders([ml_py, soundfile])
-    assert _adds_library_folders([soundfile, cudnn])
+    assert not adds_library_folders([ml_py, soundfile])
+    assert adds_library_folders([soundfile, cudnn])

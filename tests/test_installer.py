@@ -17,10 +17,16 @@ from pathlib import Path
 import pytest
 from packaging.utils import parse_wheel_filename
 
-from ddtree_deploy import installer
+from ddtree_deploy.converge.steps import _install as installer
+from ddtree_deploy.converge.steps._install import (
+    Requirement,
+    install,
+    satisfied,
+    uninstall,
+    wheelhouse,
+)
+from ddtree_deploy.converge.steps._install_uv import UV_VERSION, ensure_uv
 from ddtree_deploy.errors import ConfigError, RemoteCommandError
-from ddtree_deploy.installer import Requirement, install, satisfied, uninstall, wheelhouse
-from ddtree_deploy.installer_uv import UV_VERSION, ensure_uv
 from ddtree_deploy.transport import LocalTransport
 
 SOUNDFILE = Requirement("soundfile==0.13.1", deps=True)

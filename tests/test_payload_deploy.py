@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import installer
+from ddtree_deploy.converge.steps import _install as installer
 from ddtree_deploy.errors import ConfigError, RefusedError
 from ddtree_deploy.lab.manager import lab_cache_dir
 from ddtree_deploy.lab.wheelhouse import download_real

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import installer, paths
+from ddtree_deploy import paths
+from ddtree_deploy.converge.steps import _install as installer
 
 pytestmark = pytest.mark.slow
 

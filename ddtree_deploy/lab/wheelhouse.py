@@ -20,7 +20,7 @@ LAB_PYTHON, LAB_GLIBC = "3.11.2", "2.36"  # Debian 12, the lab hosts' system
 def download_real(folder: Path) -> dict[str, Path]:
     """Each requirement of REAL_WHEELS -> its wheel file, downloaded once (the installer's
     wheelhouse, for the lab hosts' Python and glibc)."""
-    from ddtree_deploy.installer import Requirement, wheelhouse
+    from ddtree_deploy.converge.steps._install import Requirement, wheelhouse
 
     found = {}
     for req in REAL_WHEELS:

@@ -5,7 +5,7 @@ workstation downloads the wheels a host needs with `pip download` for the host's
 Python and glibc (`wheelhouse`), pushes the ones the host lacks into
 ~/.ddtree-deploy/wheelhouse/ and runs `uv pip install --offline --no-index
 --find-links` there (`install`). uv itself comes from the host when it has one,
-else from the uv wheel on the registry (`ensure_uv`, in installer_uv).
+else from the uv wheel on the registry (`ensure_uv`, in `_install_uv.py`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy import paths
+from ddtree_deploy.converge.steps._install_uv import ensure_uv, remote_home
 from ddtree_deploy.errors import ConfigError, DeployError, RemoteCommandError
-from ddtree_deploy.installer_uv import ensure_uv, remote_home
 from ddtree_deploy.transport import Command, ExecTransport
 
 __all__ = [

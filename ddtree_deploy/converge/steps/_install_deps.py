@@ -18,7 +18,7 @@ from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from ddtree_deploy import installer
+from ddtree_deploy.converge.steps import _install as installer
 
 MAX_WHEELS = 200
 

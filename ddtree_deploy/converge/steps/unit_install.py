@@ -1,0 +1,57 @@
+"""`unit.install`: the deployment's systemd unit, rendered from hosts.yaml and the facts
+(GPUs and port chosen or refused, LD_LIBRARY_PATH from the venv's real library folders),
+verified with systemd-analyze on the host, installed atomically (`service/install.py`).
+
+`service up` installs its unit with the same `install_unit`.
+"""
+
+from __future__ import annotations
+
+from ddtree_deploy import __version__
+from ddtree_deploy.converge.steps import Acting, Planning, Step, StepKind, UnitParams
+from ddtree_deploy.service import install
+from ddtree_deploy.service.resolve import Overrides, build_spec
+from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.transport.base import ExecTransport
+
+KIND = "unit.install"
+
+
+def unit_text(spec: ServiceSpec) -> str:
+    """The unit file of `spec`, as this version of the tool renders it."""
+    from ddtree_deploy.service.render import render_unit  # jinja2: only when rendered
+
+    return render_unit(spec, tool_version=__version__)
+
+
+def install_unit(t: ExecTransport, spec: ServiceSpec) -> tuple[str, bool]:
+    """Render, verify and install the unit of `spec`: its text, and whether the file
+    changed."""
+    text = unit_text(spec)
+    return text, install.install(t, spec.unit_name, text)
+
+
+def plan(ctx: Planning) -> list[Step]:
+    d = ctx.deployment
+    unit = d.unit_name
+    spec = build_spec(ctx.host, ctx.facts, d, Overrides(), require_venv=False)
+    if ctx.changed:
+        return [ctx.step(KIND, unit, "rendered once the steps above are done (from the venv's "
+                                     "real library folders)", [f"install {spec.unit_path}"],
+                         params=UnitParams(unit))]
+    installed = ctx.state.units.get(unit)
+    same = installed == unit_text(spec)
+    ctx.changed = not same
+    return [ctx.step(KIND, unit, "installed unit matches" if same else
+                     ("no unit installed" if installed is None else "the unit differs"),
+                     [] if same else [f"install {spec.unit_path} (GPU "
+                                      f"{','.join(map(str, spec.gpus))}, port {spec.port})"],
+                     satisfied=same, params=UnitParams(unit))]
+
+
+def act(ctx: Acting, step: Step) -> None:
+    dep = ctx.config.deployment(step.deployment)
+    install_unit(ctx.t, build_spec(ctx.host, ctx.facts.current(), dep, Overrides()))
+
+
+STEP = StepKind(KIND, UnitParams, act, plan=plan, marks_restart=True)
