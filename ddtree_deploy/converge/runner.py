@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ddtree_deploy.config import Config, HostSpec
 from ddtree_deploy.connect import open_transport
 from ddtree_deploy.converge import hoststate
-from ddtree_deploy.converge.lock import HostLock
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import Acting, LiveFacts, Plan, Step, fingerprint, step_kind
 from ddtree_deploy.errors import DeployError, RefusedError
@@ -26,6 +26,9 @@ from ddtree_deploy.facts.cache import FactsCache
 from ddtree_deploy.facts.gather import collect
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.transport.base import ExecTransport
+
+if TYPE_CHECKING:
+    from ddtree_deploy.converge.lock import HostLock
 
 Report = Callable[[str], None]
 
@@ -101,7 +104,7 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
     still pending in the round after it ran fails the run. Then each service's health probe.
     `on_plan` sees the first round's steps (made under the lock, so they are the ones that
     run)."""
-    from ddtree_deploy.converge.lock import HostLock
+    from ddtree_deploy.converge.lock import HostLock  # apply only: plan stays light
 
     host = config.host(name)
     run = HostRun(name)

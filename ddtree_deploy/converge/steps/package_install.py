@@ -20,7 +20,6 @@ from ddtree_deploy.config import Deployment
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
 from ddtree_deploy.converge.steps._install import Requirement, install, satisfied, wheelhouse
 from ddtree_deploy.converge.steps._install_deps import closure, pinned
-from ddtree_deploy.overlay.lane import load_lane
 
 KIND = "package.install"
 
@@ -61,6 +60,8 @@ def plan(ctx: Planning) -> list[Step]:
 
 
 def act(ctx: Acting, step: Step) -> None:
+    from ddtree_deploy.overlay.lane import load_lane  # acting only: plan stays light
+
     p = params(step, PackageInstall)
     now = ctx.facts.current()  # python, glibc; what the venv has (after venv/lane steps)
     venv = now.venv(p.venv)

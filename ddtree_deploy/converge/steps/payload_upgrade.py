@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
-from ddtree_deploy.payload.deploy import deploy
 from ddtree_deploy.payload.manifest import load_manifest, shipped_identity
 from ddtree_deploy.resources import data_path
 
@@ -66,6 +65,8 @@ def act(ctx: Acting, step: Step) -> None:
 
 def deploy_payload(ctx: Acting, venv: str) -> None:
     """The shipped payload onto `venv`: deployed, or upgraded in place over another."""
+    from ddtree_deploy.payload.deploy import deploy  # acting only: plan stays light
+
     manifest, folder = load_manifest(data_path("payload"))
     deploy(ctx.t, venv, manifest, folder)
 

@@ -7,11 +7,14 @@ unit, then the bounded probe of `health/probe.py`; an unhealthy service fails th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ddtree_deploy.converge.steps import Acting, Planning, Step, StepKind, UnitParams, params
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.health.probe import ProbeTarget, probe_service
-from ddtree_deploy.service import install
 from ddtree_deploy.service.spec import PORT_KEY
+
+if TYPE_CHECKING:
+    from ddtree_deploy.health.probe import ProbeTarget
 
 KIND = "service.probe"
 
@@ -26,6 +29,8 @@ def target_of(text: str, unit: str | None, host: str, port: int | None = None
               ) -> ProbeTarget | None:
     """What to probe for a unit of text `text` (`port` overrides its own), or None when
     no port is known."""
+    from ddtree_deploy.health.probe import ProbeTarget  # probing only: plan stays light
+
     port = port if port is not None else unit_port(text)
     if port is None:
         return None
@@ -41,6 +46,9 @@ def plan(ctx: Planning) -> list[Step]:
 
 
 def act(ctx: Acting, step: Step) -> str:
+    from ddtree_deploy.health.probe import probe_service
+    from ddtree_deploy.service import install
+
     unit, host = params(step, UnitParams).unit, ctx.host.name
     target = target_of(install.current_text(ctx.t, unit) or "", unit, host)
     if target is None:
