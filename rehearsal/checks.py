@@ -139,27 +139,55 @@ def transition_logits(model_dir: Path) -> Any:
     return h @ head.T
 
 
+def filtered_probs(probs: Any, *, top_k: int = -1, top_p: float = 1.0,
+                   min_p: float = 0.0) -> Any:
+    """``probs [R, V]`` after SGLang 0.5.11's own sampler filters, in its order
+    (``layers/sampler.py``, the pytorch backend): sort, keep ranks below top-k, keep a token
+    while the mass before it is at most top-p (summed over the whole distribution, not the
+    top-k survivors), drop tokens below min-p x the top token; renormalised."""
+    import torch
+
+    sort, idx = probs.sort(dim=-1, descending=True)
+    before = torch.cumsum(sort, dim=-1) - sort
+    keep = torch.ones_like(sort, dtype=torch.bool)
+    if top_k > 0:
+        keep &= torch.arange(sort.shape[-1]).view(1, -1) < top_k
+    keep &= before <= top_p
+    kept = torch.where(keep, sort, 0.0)
+    if min_p > 0:
+        kept = torch.where(kept < kept[:, :1] * min_p, 0.0, kept)
+    out = torch.zeros_like(probs).scatter_(1, idx, kept)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
 def sampling_law(port: int, logits: Any, *, temperature: float, count: int, length: int,
-                 seed: int) -> dict[str, Any]:
+                 seed: int, top_k: int = -1, top_p: float = 1.0,
+                 min_p: float = 0.0) -> dict[str, Any]:
     """Sampled requests; every transition (prev -> next) is tested against softmax(logits/T).
 
     The statistic is the z score of the count of transitions to the target's top-1 after
     ``prev`` against its expectation (the sum of those probabilities; a normal approximation of
     the Poisson-binomial); with ``count x length`` transitions a greedy-follow sampler (always
-    top-1) or one that ignores the temperature lands far past |z| = 4. Temperature only: top-k,
-    top-p and min-p are checked on CPU (tests/test_payload_runtime.py).
+    top-1) or one that ignores the temperature lands far past |z| = 4. With ``top_k``, ``top_p``
+    or ``min_p`` the expectation is the filtered law (:func:`filtered_probs`), and a sampled
+    token the filters remove counts in ``outside_filter`` (a failure).
     """
     import torch
 
-    probs = torch.softmax(logits / temperature, dim=-1)
+    raw = torch.softmax(logits / temperature, dim=-1)
+    probs = filtered_probs(raw, top_k=top_k, top_p=top_p, min_p=min_p)
+    floor = torch.where(probs > 0, raw, torch.inf).min(dim=-1).values
     top1 = probs.argmax(dim=-1)
     rng = random.Random(seed)
     prompts = [[rng.randrange(10, 99), 100] for _ in range(count)]
+    params: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    if min_p > 0:
+        params["min_p"] = min_p
     answers = client.batch(port, prompts, [length] * count, concurrency=min(32, count),
-                           sampling={"temperature": temperature, "top_k": -1, "top_p": 1.0})
+                           sampling=params)
     hits = exp_hits = trans = 0.0
     var = 0.0
-    failed = 0
+    failed = outside = 0
     for prompt, ans in zip(prompts, answers, strict=True):
         if ans.error:
             failed += 1
@@ -171,8 +199,13 @@ def sampling_law(port: int, logits: Any, *, temperature: float, count: int, leng
             exp_hits += p
             var += p * (1 - p)
             hits += 1.0 if nxt == int(top1[prev]) else 0.0
+            # Outside the filters: below the smallest kept probability. A token tied with the
+            # kept ones may be cut or kept by either sort (the ladder's tail is flat), so ties
+            # are not counted (run 5 counted them: SGLang itself "failed").
+            outside += 1 if float(raw[prev, nxt]) < float(floor[prev]) * (1 - 1e-5) else 0
     z = (hits - exp_hits) / math.sqrt(var) if var > 0 else float("inf")
-    return {"ok": failed == 0 and abs(z) < 4.0, "z": z, "transitions": int(trans),
+    return {"ok": failed == 0 and abs(z) < 4.0 and outside == 0, "z": z,
+            "transitions": int(trans), "outside_filter": outside,
             "top1_share": hits / trans if trans else None,
             "top1_expected": exp_hits / trans if trans else None, "failed": failed,
-            "temperature": temperature}
+            "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}

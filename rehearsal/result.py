@@ -58,7 +58,7 @@ class Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal[1]
-    phase: Literal["correctness", "perf", "dflash-sampled"]
+    phase: Literal["correctness", "perf", "dflash-sampled", "bench"]
     elapsed_s: float | None = None
     steps: dict[str, Step | ToolCall | str | dict[str, Any]] = Field(default_factory=dict)
     tool: dict[str, ToolCall] = Field(default_factory=dict)

@@ -50,6 +50,7 @@ class Rehearsal:
         self.cli = self.carry / "bin" / "ddtree-deploy"
         self.running: dict[str, Any] = {}
         self._save_lock = threading.Lock()
+        self.skip_checks = False
 
     # --- bookkeeping ----------------------------------------------------------------------
     def left(self) -> float:
@@ -111,8 +112,8 @@ class Rehearsal:
         if r["exit"] != 0:
             raise RuntimeError(f"carry install exited {r['exit']}: {r['stderr_tail']}")
         site = self.carry / "tool-site"
-        if str(site) not in sys.path:
-            sys.path.append(str(site))
+        if str(site) not in sys.path:  # first: the carried wheel, not the working tree's copy
+            sys.path.insert(0, str(site))
 
     def models(self) -> None:
         from rehearsal import models
@@ -136,6 +137,36 @@ class Rehearsal:
         for name, args in calls:
             out[name] = self.sh(f"tool-{name}", [str(self.cli), "--hosts", str(hosts), *args])
             self.save(logs=False)
+
+    def prewarm(self) -> subprocess.Popen[str] | None:
+        """Start rehearsal.prewarm (DFLASH's sampled-verify kernels, timed) in the servers'
+        environment; it runs while the payload is deployed."""
+        from rehearsal.servers import SERVER_ENV
+
+        env = dict(os.environ)
+        env.update({"HOME": str(WORK / "home"), **SERVER_ENV})
+        (WORK / "home").mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / "prewarm.out", "w")  # noqa: SIM115 -- closed with the process
+        try:
+            return subprocess.Popen([sys.executable, "-m", "rehearsal.prewarm",
+                                     str(self.logs / "prewarm.json")], stdout=log,
+                                    stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+        except OSError as exc:
+            self.result["errors"].append({"step": "prewarm", "trace": str(exc)})
+            return None
+
+    def prewarm_done(self, proc: subprocess.Popen[str] | None) -> None:
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=max(10.0, min(200.0, self.left() - 300)))
+        except subprocess.TimeoutExpired:
+            self.result["checks"]["prewarm"] = {"still_running_after_s": round(
+                time.monotonic() - self.t0, 1)}
+            return  # left running: it only fills caches; stop_all does not need it
+        path = self.logs / "prewarm.json"
+        self.result["checks"]["prewarm"] = (json.loads(path.read_text()) if path.is_file()
+                                            else {"exit": proc.returncode})
 
     def deploy_payload(self, hosts: Path) -> None:
         self.tool(hosts, [("payload_deploy", ["payload", "deploy", "localhost", "--venv",
@@ -178,6 +209,15 @@ class Rehearsal:
         def launch(s: Any) -> None:
             run = srv.start(s, units[s.name], self.logs, env)
             self.running[s.name] = run
+            if not s.tool_probe:
+                self.result["servers"][s.name] = {
+                    "port": s.port, "argv": run.argv, "probe_exit": None,
+                    "healthy_by": _greedy_ready(s.port, run.pid,
+                                                max(30.0, min(300.0, self.left() - 100))),
+                    "ready_s": round(time.monotonic() - run.started, 1),
+                    "why_no_tool_probe": "its sampled generation hangs this server (run 5)"}
+                self.save(logs=False)
+                return
             code, verdict = srv.probe(self.cli, hosts[s.name], run,
                                       deadline=max(30.0, min(300.0, self.left() - 100)))
             run.healthy_s = round(time.monotonic() - run.started, 1)
@@ -197,17 +237,49 @@ class Rehearsal:
                     job.result()
 
     def healthy(self, name: str) -> bool:
-        return self.result["servers"].get(name, {}).get("probe_exit") == 0
+        entry = self.result["servers"].get(name, {})
+        return entry.get("probe_exit") == 0 or entry.get("healthy_by") == "greedy"
 
     def stop_all(self) -> None:
+        """Stop every server at once (one at a time took up to 20 s each: run 5 ran past its
+        call's limit while stopping)."""
         from rehearsal import servers as srv
 
-        for name, run in list(self.running.items()):
+        def stop(item: tuple[str, Any]) -> None:
             try:
-                srv.stop(run)
+                srv.stop(item[1])
             except Exception as exc:
-                self.result["errors"].append({"step": f"stop {name}", "trace": str(exc)})
+                self.result["errors"].append({"step": f"stop {item[0]}", "trace": str(exc)})
+
+        items = list(self.running.items())
+        if items:
+            with ThreadPoolExecutor(max_workers=len(items)) as pool:
+                list(pool.map(stop, items))
         self.running.clear()
+
+
+def _greedy_ready(port: int, pid: int, deadline: float) -> str:
+    """Wait for /health 200 and one greedy answer (no sampled request): 'greedy', or why not."""
+    import urllib.request
+
+    from rehearsal import client
+
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if not os.path.exists(f"/proc/{pid}"):
+            return "exited"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                up = resp.status == 200
+        except Exception:  # refused, 503, timeout: not up yet
+            up = False
+        if up:
+            ans = client.generate(port, [11, 12, 100], 16,
+                                  timeout=max(5.0, end - time.monotonic()))
+            if ans.error is None and len(ans.output_ids) == 16:
+                return "greedy"
+        time.sleep(1.0)
+    return "deadline"
 
 
 def _servers(phase: str) -> list[Any]:
@@ -233,14 +305,18 @@ def _servers(phase: str) -> list[Any]:
             Server("ddtree63-ladder-pressure", lad, "ddtree", 63, 8, context_length=2048,
                    extra=("--max-total-tokens", "6000")),
         ]
+    elif phase == "bench":
+        specs = []  # bench starts its own servers (bench())
     else:
+        # DFLASH first: the warm group starts alone, so a first-use stall of DFLASH's sampled
+        # verify (runs 2-3) overlaps the other servers' start.
         specs = [
-            Server("nospec-ladder", lad),
-            Server("ddtree15-ladder", lad, "ddtree", 15, 8),
             Server("dflash-ladder", lad, "dflash"),
+            Server("ddtree15-ladder", lad, "ddtree", 15, 8),
+            Server("nospec-ladder", lad),
             Server("ddtree31-ladder", lad, "ddtree", 31, 8),
             Server("nospec-dummy", dummy, dummy=True),
-            Server("dflash-dummy", dummy, "dflash", dummy=True),
+            Server("dflash-dummy", dummy, "dflash", dummy=True, tool_probe=False),
             Server("ddtree15-dummy", dummy, "ddtree", 15, 8, dummy=True),
             Server("ddtree31-dummy", dummy, "ddtree", 31, 8, dummy=True),
         ]
@@ -346,7 +422,11 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
         r.result["checks"][f"accept/{name}"] = checks.long_accept(port[name], lad, "DFLASH",
                                                                  15, 8)
 
-    r.step("dflash checks", dflash_checks, need=60)
+    if not r.skip_checks:
+        r.step("dflash checks", dflash_checks, need=60)
+        r.step("dflash sampled", lambda: _sampled_times(r, "dflash-ladder",
+                                                        port["dflash-ladder"]), need=30)
+        r.step("sampling laws", lambda: _laws(r, port), need=60)
 
     for group in (("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree31-ladder"),
                   ("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree31-dummy")):
@@ -356,6 +436,106 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
             r.save()
         else:
             r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
+
+
+def _sampled_times(r: Rehearsal, name: str, port: int) -> None:
+    """Three streamed sampled requests after the probe: how long each took, and its gaps."""
+    from rehearsal import client
+
+    if not r.healthy(name):
+        raise RuntimeError(f"{name} is not healthy: nothing to time")
+    out = []
+    for i in range(3):
+        ans = client.generate(port, [11, 12, 100], 16,
+                              sampling={"temperature": 0.7, "top_p": 0.9, "top_k": 20},
+                              stream=True, timeout=max(10.0, min(150.0, r.left() - 60)))
+        out.append({"try": i, "seconds": round(ans.seconds, 2), "tokens": len(ans.output_ids),
+                    "error": ans.error, "max_gap": round(max(ans.chunk_gaps, default=0.0), 2)})
+    r.result["checks"][f"sampled-times/{name}"] = {"tries": out}
+
+
+# The laws (name, top_k, top_p): temperature only (as run 2), top-p alone (SGLang keeps a token
+# while the mass before it is <= top-p: top-1 share 0.625 on the ladder), and top-k with top-p
+# (SGLang's top-p sums the whole distribution: 0.89; DFLASH 0.5.11 renormalises the top-k
+# survivors first, which leaves the top-1 alone).
+LAWS = (("temperature", -1, 1.0), ("top-p 0.8", -1, 0.8), ("top-k 20 top-p 0.8", 20, 0.8))
+
+
+def _laws(r: Rehearsal, port: dict[str, int]) -> None:
+    import torch
+
+    from rehearsal import checks
+
+    logits = checks.transition_logits(WORK / "models" / "ladder" / "target")
+    lo, hi = 1e-3, 1e3  # the temperature at which the ladder's top-1 has probability 1/2
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        p = float(torch.softmax(logits[100] / mid, -1).max())
+        lo, hi = (mid, hi) if p > 0.5 else (lo, mid)
+    t = round((lo * hi) ** 0.5, 4)
+    for law, top_k, top_p in LAWS:
+        for name in ("nospec-ladder", "ddtree15-ladder", "dflash-ladder"):
+            if r.healthy(name) and r.left() > 40:
+                r.result["checks"][f"sampling/{law}/{name}"] = checks.sampling_law(
+                    port[name], logits, temperature=t, count=64, length=48, seed=7,
+                    top_k=top_k, top_p=top_p)
+                r.save(logs=False)
+
+
+def bench(r: Rehearsal) -> None:
+    """issue 15's small grid: the tool's `bench` in plain-process mode against a designed-weights
+    and a dummy-weights deployment, one after the other (one apply lock per host)."""
+    import signal
+
+    from rehearsal.servers import Server, hosts_file
+
+    m = WORK / "models"
+    grid = REPO / "benchmarks" / "grids" / "h200-small.yaml"
+    folder = r.logs / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
+    runs = (("bench-ladder", m / "ladder", False, "synthetic: designed weights (ladder)"),
+            ("bench-dummy", m / "dummy", True, "synthetic: dummy weights"))
+    out = r.result.setdefault("bench", {})
+    for i, (name, models, dummy, label) in enumerate(runs):
+        if r.left() < 200:
+            r.result["not_run"].append({"step": f"bench {name}", "why": f"{r.left():.0f} s left"})
+            continue
+        server = Server(name, str(models), "ddtree", 15, 8, dummy=dummy, port=31100 + i,
+                        extra=("--cuda-graph-max-bs", "8", "--max-running-requests", "16"))
+        hosts = hosts_file(server, str(VENV), r.logs)
+        results = folder / f"{name}.json"
+        argv = [str(r.cli), "--hosts", str(hosts), "bench", "localhost", name, "--grid",
+                str(grid), "--mode", "plain", "--force", "--yes", "--results", str(results),
+                "--deadline", "240", "--warmup", "200", "--label", label, "--json"]
+        t0 = time.monotonic()
+        with open(r.logs / f"tool-{name}.out", "w") as log:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                                    env=env, cwd=REPO)
+            try:
+                stdout, _ = proc.communicate(timeout=max(30.0, r.left() - 45))
+            except subprocess.TimeoutExpired:  # Ctrl-C: bench stops its server, keeps results
+                proc.send_signal(signal.SIGINT)
+                try:
+                    stdout, _ = proc.communicate(timeout=40)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    stdout, _ = proc.communicate()
+            log.write("\n--- stdout ---\n" + (stdout or ""))
+        entry: dict[str, Any] = {"exit": proc.returncode,
+                                 "seconds": round(time.monotonic() - t0, 1), "argv": argv}
+        try:
+            entry["summary"] = json.loads(stdout) if stdout and stdout.strip() else None
+        except json.JSONDecodeError:
+            entry["summary"] = (stdout or "")[-1500:]
+        if results.is_file():
+            try:
+                entry["results"] = json.loads(results.read_text())
+            except json.JSONDecodeError as exc:
+                entry["results_error"] = str(exc)
+        out[name] = entry
+        r.save()
 
 
 def dflash_sampled(r: Rehearsal, server: Any) -> None:
@@ -372,7 +552,7 @@ def dflash_sampled(r: Rehearsal, server: Any) -> None:
                                   stream=True, timeout=max(10.0, r.left() - 20))
             out.append({"try": i, "seconds": round(ans.seconds, 2), "tokens": len(ans.output_ids),
                         "error": ans.error, "gaps": [round(g, 2) for g in ans.chunk_gaps]})
-            r.result["checks"]["dflash-sampled"] = out
+            r.result["checks"]["dflash-sampled"] = {"tries": out}
             r.save()
 
     r.step("dflash sampled", go, need=20)
@@ -382,36 +562,54 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rehearsal.run")
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--phase", choices=("correctness", "perf", "dflash-sampled"),
+    ap.add_argument("--phase", choices=("correctness", "perf", "dflash-sampled", "bench"),
                     default="correctness")
     ap.add_argument("--budget", type=float, default=540.0)
+    ap.add_argument("--skip-checks", action="store_true",
+                    help="perf: timings only (DFLASH's checks and the sampling laws ran before)")
+    ap.add_argument("--warm", type=int, default=2,
+                    help="servers started before the others (they fill the JIT caches)")
+    ap.add_argument("--keep-payload", action="store_true",
+                    help="leave the payload deployed at the end (a next call on a warm machine)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(WORK, ignore_errors=True)
+    # A warm machine keeps HOME's JIT caches from the call before (a start takes ~55 s warm,
+    # ~105 s cold); everything else is made anew.
+    for old in WORK.iterdir() if WORK.is_dir() else ():
+        if old.name != "home":
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
     (WORK / "logs").mkdir(parents=True)
     r = Rehearsal(a.carry, a.out, a.budget, a.phase)
+    r.skip_checks = a.skip_checks
     hosts: Path | None = None
     try:
         r.step("install", r.install)
         r.step("models", r.models)
         servers = _servers(a.phase)
-        from rehearsal.servers import hosts_file
+        from rehearsal.servers import Server, hosts_file
 
-        hosts = hosts_file(servers[0], str(VENV), r.logs)
+        hosts = hosts_file(servers[0] if servers else Server("tool", str(WORK / "models/ladder"),
+                                                             port=31099), str(VENV), r.logs)
+        warm = r.prewarm()
         if a.phase != "dflash-sampled":
             r.step("payload deploy", lambda: r.deploy_payload(hosts))
-        r.step("servers", lambda: r.start_servers(
-            servers, warm=2, meanwhile=lambda: r.facts_commands(hosts)), need=150)
+        if a.phase == "bench":
+            r.step("prewarm", lambda: r.prewarm_done(warm))
+            r.step("bench", lambda: bench(r), need=200)
+        else:  # servers take longer to start than the prewarm has left to run
+            r.step("servers", lambda: r.start_servers(
+                servers, warm=a.warm, meanwhile=lambda: r.facts_commands(hosts)), need=150)
+            r.step("prewarm", lambda: r.prewarm_done(warm))
         if a.phase == "correctness":
             correctness(r, servers)
         elif a.phase == "perf":
             perf(r, servers)
-        else:
+        elif a.phase == "dflash-sampled":
             dflash_sampled(r, servers[0])
     finally:
         r.stop_all()
         r.save()
-    if hosts is not None and a.phase != "dflash-sampled":
+    if hosts is not None and a.phase != "dflash-sampled" and not a.keep_payload:
         r.step("payload rollback", lambda: r.rollback_commands(hosts))
     return 0
 

@@ -54,6 +54,10 @@ class Server:
     context_length: int = 2048
     extra: tuple[str, ...] = ()
     dummy: bool = False
+    # False: the rehearsal waits for /health and one greedy answer itself instead of the tool's
+    # probe, whose sampled generation hangs DFLASH on dummy weights (run 5: its sampled verify
+    # never returned, and the spinning server slowed every other one on the GPU).
+    tool_probe: bool = True
 
     def deployment(self, venv_ref: str) -> dict:
         dep: dict = {
