@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ddtree_deploy.health import remote
+from ddtree_deploy.remote import health as remote
 
 
 class _Stalling(BaseHTTPRequestHandler):

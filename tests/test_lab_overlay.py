@@ -20,7 +20,7 @@ from ddtree_deploy.config import Config
 from ddtree_deploy.connect import open_transport
 from ddtree_deploy.overlay import apply as remote_apply
 from ddtree_deploy.overlay.lane import load_lane
-from ddtree_deploy.overlay.manifest_remote import read_manifest
+from ddtree_deploy.overlay.manifest import read_manifest
 from ddtree_deploy.transport import Command
 
 pytestmark = pytest.mark.lab

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ddtree_deploy.errors import DeployError, RemoteCommandError
 from ddtree_deploy.overlay.lane import Lane, load_lane
-from ddtree_deploy.overlay.manifest_remote import ManifestReport, read_manifest, record_hash
+from ddtree_deploy.overlay.manifest import ManifestReport, read_manifest
 from ddtree_deploy.overlay.model import (
     DistChange,
     DistManifest,
@@ -31,6 +31,7 @@ from ddtree_deploy.overlay.model import (
 )
 from ddtree_deploy.overlay.plan import PlanError, is_noop, plan
 from ddtree_deploy.overlay.render import counts, human_bytes, render_plan
+from ddtree_deploy.remote.overlay_manifest import record_hash
 from ddtree_deploy.transport.local import LocalTransport
 
 SP = "lib/python3.11/site-packages"
@@ -245,9 +246,9 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     python = shutil.which("python3.11")
     if shutil.which("gcc") is None or python is None:
         pytest.skip("needs gcc and python3.11 to build and install the stand-in wheels")
-    from ddtree_deploy.lab import standin_wheels as sw
-    from ddtree_deploy.lab.manager import lab_cache_dir
-    from ddtree_deploy.lab.wheelhouse import download_real
+    from ddtree_lab import standin_wheels as sw
+    from ddtree_lab.manager import lab_cache_dir
+    from ddtree_lab.wheelhouse import download_real
 
     real = download_real(lab_cache_dir() / "wheels" / "real")
     root = tmp_path_factory.mktemp("overlay")

@@ -19,7 +19,7 @@ from ddtree_deploy.overlay.cache import STORE_LEVEL, BlobCache, level_for
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import CountingProgress
 from ddtree_deploy.overlay.relay import Destination, relay
-from ddtree_deploy.overlay.transfer_scripts import STAGING_RECEIVE
+from ddtree_deploy.remote.overlay_transfer import STAGING_RECEIVE
 from ddtree_deploy.transport import LocalTransport
 
 PY = sys.executable

@@ -20,9 +20,9 @@ from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import fingerprint
 from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.facts.model import PayloadInfo
-from ddtree_deploy.facts.probe_sglang import payload_state
 from ddtree_deploy.payload import deploy as ops
 from ddtree_deploy.payload.manifest import load_manifest, shipped_identity
+from ddtree_deploy.remote.facts_sglang import payload_state
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.transport.local import LocalTransport
 

@@ -22,7 +22,7 @@ from probe_venvs import (
 )
 
 from ddtree_deploy.facts.model import Facts
-from ddtree_deploy.facts.probe_memo import MEMO_VERSION, Memo
+from ddtree_deploy.remote.facts_memo import MEMO_VERSION, Memo
 
 
 class Counter:
@@ -136,9 +136,9 @@ def test_a_memo_that_cannot_be_written_is_reported_not_fatal(tmp_path: Path) -> 
 
 
 def _facts(venv: Path, memo_file: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from ddtree_deploy.facts import probe
+    from ddtree_deploy.remote import facts as host_facts
 
-    data = probe.gather([str(venv)], False, "x", None, str(memo_file))
+    data = host_facts.gather([str(venv)], False, "x", None, str(memo_file))
     Facts.model_validate(data)
     report = data.pop("probe_memo")
     data.pop("duration_s")
@@ -151,9 +151,9 @@ def _facts(venv: Path, memo_file: Path) -> tuple[dict[str, Any], dict[str, Any]]
 def test_the_probe_gives_the_same_facts_from_its_memo_and_sees_each_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddtree_deploy.facts import probe_venv
+    from ddtree_deploy.remote import facts_venv
 
-    monkeypatch.setattr(probe_venv, "RACY_S", 0.0)  # the venv is made just before
+    monkeypatch.setattr(facts_venv, "RACY_S", 0.0)  # the venv is made just before
     venv, sp = make_venv(tmp_path / "venv")
     torch_cu130(sp)
     sglang_tree(sp, ddtree_spec_text(), ddtree=True)
@@ -209,7 +209,7 @@ def test_the_probe_is_kept_compiled_by_its_hash_and_old_versions_go(tmp_path: Pa
         assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
         return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
-    from ddtree_deploy.facts.bundle import probe_source
+    from ddtree_deploy.remote.bundle import probe_source
 
     home = tmp_path / "home"
     folder = home / ".cache" / "ddtree-deploy" / "probe"
@@ -256,10 +256,10 @@ def test_the_extension_walk_is_reused_until_a_folder_changes(
 ) -> None:
     """The walk for shared objects is kept with the signature of every folder it listed: an
     added, removed or renamed shared object anywhere below (or a new folder) shows at once."""
-    from ddtree_deploy.facts import probe_venv
-    from ddtree_deploy.facts.probe_venv import shared_objects
+    from ddtree_deploy.remote import facts_venv
+    from ddtree_deploy.remote.facts_venv import shared_objects
 
-    monkeypatch.setattr(probe_venv, "RACY_S", 0.0)  # the folders here change within it
+    monkeypatch.setattr(facts_venv, "RACY_S", 0.0)  # the folders here change within it
 
     sp = tmp_path / "site-packages"
     for rel in ("a/x.so", "a/b/c/y.so.1", "nvidia/cu13/lib/libcudart.so.13", "d.dist-info/w.so"):
@@ -291,7 +291,7 @@ def test_the_extension_walk_is_reused_until_a_folder_changes(
 def test_a_walk_over_a_folder_changed_just_now_is_not_kept(tmp_path: Path) -> None:
     """Within RACY_S of a folder's last change, a second change in the same clock tick could
     leave its times as they were: such a walk is used but not remembered."""
-    from ddtree_deploy.facts.probe_venv import shared_objects
+    from ddtree_deploy.remote.facts_venv import shared_objects
 
     sp = tmp_path / "site-packages"
     (sp / "a").mkdir(parents=True)

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from ddtree_deploy.facts import probe_sys
-from ddtree_deploy.facts.probe_netlink import tcp_listeners_netlink
-from ddtree_deploy.facts.probe_parse import parse_proc_net_tcp
+from ddtree_deploy.remote import facts_sys
+from ddtree_deploy.remote.facts_netlink import tcp_listeners_netlink
+from ddtree_deploy.remote.facts_parse import parse_proc_net_tcp
 
 
 def _proc() -> set[tuple[str, int, int]]:
@@ -48,7 +48,7 @@ def test_netlink_lists_what_proc_lists() -> None:
         assert ours <= got and ours <= _proc()
         assert {(a, p) for a, p, _ in got} & {(a, p) for a, p, _ in _proc()}
         assert all(s["port"] != idle.getsockname()[1] for s in found)
-        mine = [s for s in probe_sys.listeners()[0] if s["port"] == v4.getsockname()[1]]
+        mine = [s for s in facts_sys.listeners()[0] if s["port"] == v4.getsockname()[1]]
         assert [(s["pid"], s["address"]) for s in mine] == [(os.getpid(), "127.0.0.1")]
     finally:
         for s in (v4, v6, idle):

@@ -1,4 +1,4 @@
-"""GPU facts through NVML (facts/probe_nvml.py) must read the same as through nvidia-smi.
+"""GPU facts through NVML (remote/facts_nvml.py) must read the same as through nvidia-smi.
 
 Here both come from the lab's stand-ins (no GPU on this machine): the libnvidia-ml stand-in
 (lab/standin/csrc/libnvml.c) and the nvidia-smi stand-in, reading one GPU spec and one set of
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.facts import probe_sys
+from ddtree_deploy.remote import facts_sys
 from ddtree_deploy.facts.model import NvidiaInfo
 from ddtree_deploy.lab.standin import nvidia_smi
 
@@ -58,8 +58,8 @@ def gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def both(gpu_host: dict[str, Any], lib: str, ports: dict[int, list[int]]) -> tuple[Any, Any]:
-    via_nvml = probe_sys.nvidia_info(ports, smi=gpu_host["smi"], libcuda="/absent.so", nvml=lib)
-    via_smi = probe_sys.nvidia_info(ports, smi=gpu_host["smi"], libcuda="/absent.so",
+    via_nvml = facts_sys.nvidia_info(ports, smi=gpu_host["smi"], libcuda="/absent.so", nvml=lib)
+    via_smi = facts_sys.nvidia_info(ports, smi=gpu_host["smi"], libcuda="/absent.so",
                                     nvml="/absent/libnvidia-ml.so.1")
     assert (via_nvml.pop("source"), via_smi.pop("source")) == ("nvml", "nvidia-smi")
     return via_nvml, via_smi
@@ -107,7 +107,7 @@ def test_busy_gpu_reads_the_same(gpu_host: dict[str, Any], libnvml: str) -> None
 def test_no_driver_falls_back_to_nvidia_smi(gpu_host: dict[str, Any], libnvml: str) -> None:
     """NVML that does not start (here: no GPU spec, the stand-in's "driver not loaded") hands
     over to nvidia-smi, whose own message says why."""
-    info = probe_sys.nvidia_info({}, smi=gpu_host["smi"], libcuda="/absent.so", nvml=libnvml)
+    info = facts_sys.nvidia_info({}, smi=gpu_host["smi"], libcuda="/absent.so", nvml=libnvml)
     assert info["source"] == "nvidia-smi" and not info["present"]
     assert "couldn't communicate with the NVIDIA driver" in info["error"]
 
@@ -117,20 +117,20 @@ def test_memory_v1_counts_the_reserve(gpu_host: dict[str, Any], libnvml: str) ->
     (as on real drivers); the probe prefers v2, which is what nvidia-smi shows."""
     import ctypes
 
-    from ddtree_deploy.facts import probe_nvml
+    from ddtree_deploy.remote import facts_nvml
 
     gpu_host["spec"].write_text(json.dumps(CT129))
-    nvml = probe_nvml.load_nvml(libnvml)
+    nvml = facts_nvml.load_nvml(libnvml)
     assert nvml is not None
     handle = ctypes.c_void_p()
     assert nvml.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) == 0
-    v1, v2 = probe_nvml._Memory(), probe_nvml._MemoryV2(version=probe_nvml.MEMORY_V2)
+    v1, v2 = facts_nvml._Memory(), facts_nvml._MemoryV2(version=facts_nvml.MEMORY_V2)
     assert nvml.lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(v1)) == 0
     assert nvml.lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(v2)) == 0
     reserve = 49140 * 615 // 143771
-    assert (v2.used, v2.reserved // probe_nvml.MIB) == (0, reserve)
-    assert v1.used // probe_nvml.MIB == reserve and v1.total == v2.total
-    wrong = probe_nvml._MemoryV2(version=1)
+    assert (v2.used, v2.reserved // facts_nvml.MIB) == (0, reserve)
+    assert v1.used // facts_nvml.MIB == reserve and v1.total == v2.total
+    wrong = facts_nvml._MemoryV2(version=1)
     assert nvml.lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(wrong)) != 0
     nvml.lib.nvmlShutdown()
 
@@ -142,12 +142,12 @@ def test_a_stuck_driver_costs_the_gpu_facts_only(gpu_host: dict[str, Any], libnv
     asked then (it would be stuck on the same driver)."""
     import time
 
-    from ddtree_deploy.facts.probe_nvml import nvml_info_bounded
+    from ddtree_deploy.remote.facts_nvml import nvml_info_bounded
 
     gpu_host["spec"].write_text(json.dumps(CT129))
     monkeypatch.setenv("DDTREE_LAB_NVML_HANG", "3")
     start = time.monotonic()
-    info = nvml_info_bounded({}, probe_sys.proc_unit, libnvml, timeout=0.5)
+    info = nvml_info_bounded({}, facts_sys.proc_unit, libnvml, timeout=0.5)
     assert time.monotonic() - start < 2
     assert info is not None and not info["present"] and info["gpus"] == []
     assert info["error"] == "NVML did not answer within 0.5s"
@@ -162,7 +162,7 @@ def test_a_crashing_library_hands_over_to_nvidia_smi(gpu_host: dict[str, Any], l
     was_on = faulthandler.is_enabled()
     faulthandler.disable()  # pytest's would report the child's abort on the test's stderr
     try:
-        info = probe_sys.nvidia_info({}, smi=gpu_host["smi"], libcuda="/absent.so",
+        info = facts_sys.nvidia_info({}, smi=gpu_host["smi"], libcuda="/absent.so",
                                      nvml=libnvml)
     finally:
         if was_on:

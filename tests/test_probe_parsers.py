@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.facts import probe_parse as pp
+from ddtree_deploy.remote import facts_parse as pp
 
 FACTS = Path(__file__).parent / "facts"
 REAL = Path(__file__).parent / "facts" / "real"  # copies of shared/fixtures/real (SOURCES.txt)

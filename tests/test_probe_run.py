@@ -27,7 +27,7 @@ from probe_venvs import (
     torch_cu130,
 )
 
-from ddtree_deploy.facts.bundle import PARTS, probe_source
+from ddtree_deploy.remote.bundle import PARTS, probe_source
 from ddtree_deploy.facts.model import Facts
 
 STANDIN_SMI = Path(__file__).resolve().parents[1] / "ddtree_deploy/lab/standin/nvidia_smi.py"
@@ -252,7 +252,7 @@ def test_hanging_nvidia_smi_is_bounded(host: dict[str, Path]) -> None:
 
 
 def test_discover_finds_venvs_under_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddtree_deploy.facts import probe
+    from ddtree_deploy.remote import facts as host_facts
 
     root = tmp_path / "root"
     declared, _ = make_venv(root / "ml-env")
@@ -261,9 +261,9 @@ def test_discover_finds_venvs_under_roots(tmp_path: Path, monkeypatch: pytest.Mo
     too_deep, _ = make_venv(root / "a" / "b" / "venv")
     (root / "not-a-venv").mkdir()
     roots = (str(root), str(tmp_path / "absent"))
-    assert probe.discover_venvs(roots) == [str(hidden), str(declared), str(nested)]
-    monkeypatch.setattr(probe, "DISCOVER_ROOTS", roots)
-    data = probe.gather([str(declared) + "/"], True, "x")
+    assert host_facts.discover_venvs(roots) == [str(hidden), str(declared), str(nested)]
+    monkeypatch.setattr(host_facts, "DISCOVER_ROOTS", roots)
+    data = host_facts.gather([str(declared) + "/"], True, "x")
     assert [(v["path"], v["declared"]) for v in data["venvs"]] == [
         (str(declared), True), (str(hidden), False), (str(nested), False)]  # fmt: skip
     assert str(too_deep) not in [v["path"] for v in data["venvs"]]
@@ -272,14 +272,14 @@ def test_discover_finds_venvs_under_roots(tmp_path: Path, monkeypatch: pytest.Mo
 def test_one_part_raising_does_not_sink_the_others(
     host: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddtree_deploy.facts import probe
+    from ddtree_deploy.remote import facts as host_facts
 
     def boom(*_: object) -> None:
         raise RuntimeError("layout exploded")
 
-    monkeypatch.setattr(probe, "nvidia_layout", boom)
-    monkeypatch.setattr(probe, "host_info", boom)
-    data = probe.gather([str(host["good"])], False, "x")
+    monkeypatch.setattr(host_facts, "nvidia_layout", boom)
+    monkeypatch.setattr(host_facts, "host_info", boom)
+    data = host_facts.gather([str(host["good"])], False, "x")
     facts = Facts.model_validate(data)
     assert "RuntimeError: layout exploded" in (facts.host_info.error or "")
     venv = facts.venvs[0]
@@ -311,7 +311,7 @@ def test_bundle_is_one_stdlib_script_for_python_38() -> None:
 
 def test_probe_modules_import_without_side_effects() -> None:
     code = (
-        "import sys, ddtree_deploy.facts.probe as p; "
+        "import sys, ddtree_deploy.remote.facts as p; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -327,7 +327,7 @@ def test_bad_arguments_give_usage_not_traceback() -> None:
 
 
 def test_the_extension_walk_keeps_its_time_budget(tmp_path: Path) -> None:
-    from ddtree_deploy.facts.probe_venv import scan_extensions, shared_objects
+    from ddtree_deploy.remote.facts_venv import scan_extensions, shared_objects
 
     sp = tmp_path / "site-packages"
     for rel in ("a/x.so", "a/b/y.so.1", "nvidia/cu13/lib/libcudart.so.13", "a/__pycache__/z.so",

@@ -16,7 +16,7 @@ import pytest
 
 from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.facts.model import Facts, NvidiaLayout, Venv
-from ddtree_deploy.facts.probe_venv import nvidia_layout
+from ddtree_deploy.remote.facts_venv import nvidia_layout
 from ddtree_deploy.service.render import (
     UnitRenderError,
     WrapperSpec,

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ddtree_deploy.bench import workloads
@@ -24,12 +23,14 @@ from ddtree_deploy.bench.grid import SAMPLED_PARAMS, BenchConfig, Grid
 from ddtree_deploy.bench.metrics import cell_metrics, first_errors
 from ddtree_deploy.bench.results import CellKey, Results
 from ddtree_deploy.bench.server import ServerControl
-from ddtree_deploy.errors import DeployError, RemoteCommandError
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.remote.bundle import text
+from ddtree_deploy.remote.runner import run_json
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 
-LOADGEN = Path(__file__).with_name("loadgen_remote.py")
+LOADGEN = "loadgen.py"  # in remote/
 REQUEST_TIMEOUT_S = 300.0
 
 
@@ -81,7 +82,7 @@ def make_plan(grid: Grid, specs: dict[str, ServiceSpec], results: Results, *, id
 
 
 def loadgen_command(plan: dict[str, Any], python: str = "python3") -> Command:
-    source = LOADGEN.read_text(encoding="utf-8")
+    source = text(LOADGEN)
     return Command(argv=(python, "-I", "-S", "-"),
                    stdin=f"PLAN = {json.dumps(json.dumps(plan))}\n{source}".encode())
 
@@ -94,15 +95,8 @@ def run_load(t: ExecTransport, spec: ServiceSpec, sessions: list[dict[str, Any]]
             "concurrency": concurrency, "max_new_tokens": max_new_tokens,
             "params": SAMPLED_PARAMS if sampling == "sampled" else {"temperature": 0.0},
             "time_limit_s": time_limit_s, "request_timeout_s": REQUEST_TIMEOUT_S}
-    r = t.run(loadgen_command(plan), timeout=time_limit_s + REQUEST_TIMEOUT_S + 60)
-    if not r.ok:
-        raise RemoteCommandError(f"{t.host}: the load generator failed (exit {r.exit_code}): "
-                                 f"{(r.stderr or r.stdout).strip()[-800:]}")
-    try:
-        raw: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RemoteCommandError(f"{t.host}: the load generator answered no JSON: "
-                                 f"{r.stdout[-300:]!r}") from None
+    raw = run_json(t, loadgen_command(plan), timeout=time_limit_s + REQUEST_TIMEOUT_S + 60,
+                   what="the load generator")
     if "error" in raw:
         raise DeployError(f"{t.host}: {raw['error']}")
     return raw

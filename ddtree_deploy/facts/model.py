@@ -1,6 +1,6 @@
 """The facts a host's probe returns, as typed models on the workstation.
 
-The probe (facts/probe.py) runs on the host with nothing but Python's standard
+The probe (remote/facts.py) runs on the host with nothing but Python's standard
 library and prints one JSON object of this shape. Each part carries its own
 `error` (None when it worked): one failing part never sinks the others.
 Unknown keys are kept out (extra="ignore") so an older workstation can read a
@@ -184,7 +184,7 @@ class ModelDir(BaseModel):
 
 
 class ProbeMemo(BaseModel):
-    """How much the probe reused from its memo on the host (facts/probe_memo.py)."""
+    """How much the probe reused from its memo on the host (remote/facts_memo.py)."""
 
     model_config = ConfigDict(extra="ignore")
     path: str | None = None

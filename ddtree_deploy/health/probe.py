@@ -1,6 +1,6 @@
 """The bounded, fail-fast health probe of one SGLang service.
 
-Each poll is ONE command on the host (remote.py sent on stdin), every ~0.3 s, until one of:
+Each poll is ONE command on the host (remote/health.py sent on stdin), every ~0.3 s, until one of:
 a failed unit, a crash loop or an exited process (unhealthy, with the crash signatures found
 in the log lines of the current start), a fatal signature in the log (unhealthy at once, even
 while the process still unwinds), /health 200 followed by a good short GREEDY generation and
@@ -26,16 +26,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from ddtree_deploy.errors import CommandTimeout, ExitCode, RemoteCommandError, UsageError
+from ddtree_deploy.errors import CommandTimeout, ExitCode, UsageError
 from ddtree_deploy.health.signatures import Match, match_line
+from ddtree_deploy.remote.bundle import text
+from ddtree_deploy.remote.runner import run_json
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.transport.base import Command, Transport
 
 Status = Literal["healthy", "unhealthy", "deadline"]
-REMOTE_SOURCE = Path(__file__).with_name("remote.py")
+REMOTE_SCRIPT = "health.py"  # in remote/
 POLL_INTERVAL_S = 0.3
 GENERATE_TOKENS = 16
 SAMPLE_TOKENS = 8
@@ -305,7 +306,7 @@ class _Probe:
             args += ["--generate", str(tokens), "--sampling", json.dumps(params),
                      "--mode", self.mode, "--first-limit", f"{first:.3f}",
                      "--gen-limit", f"{rest:.3f}"]
-        return Command(argv=(self.python, "-", *args), stdin=REMOTE_SOURCE.read_bytes(),
+        return Command(argv=(self.python, "-", *args), stdin=text(REMOTE_SCRIPT).encode(),
                        sudo=self.sudo)
 
     def poll(self, kind: Kind | None) -> dict[str, Any]:
@@ -319,19 +320,10 @@ class _Probe:
             first, budget = 0.0, rest
         else:
             budget = first + rest + 1.0  # + /health, /v1/models, systemctl, the journal
-        result = self.transport.run(self._command(budget, kind, first, rest),
-                                    timeout=budget + 2.0)
+        report = run_json(self.transport, self._command(budget, kind, first, rest),
+                          timeout=budget + 2.0, what="the health poll", answers=None,
+                          hint=f"the host needs {self.python} (3.8+) on PATH")
         self.polls += 1
-        try:
-            report = json.loads(result.stdout)
-            if not isinstance(report, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            tail = (result.stderr.strip() or result.stdout.strip())[-600:]
-            raise RemoteCommandError(
-                f"{self.transport.host}: the health poll gave no JSON (exit "
-                f"{result.exit_code}, {exc}): {tail}",
-                hint=f"the host needs {self.python} (3.8+) on PATH") from exc
         log = report.get("log") or {}
         self.cursor = log.get("cursor") or self.cursor
         for line in log.get("lines") or []:

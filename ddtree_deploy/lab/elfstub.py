@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_deploy.errors import LabError
-from ddtree_deploy.facts.probe_elf import ElfError, elf_dynamic
+from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
 
 CSRC = Path(__file__).resolve().parent / "standin" / "csrc"
 

@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from ddtree_deploy.config_schema import quoted_text
 from ddtree_deploy.errors import ConfigError
-from ddtree_deploy.facts.probe_parse import canonical_name
+from ddtree_deploy.remote.facts_parse import canonical_name
 from ddtree_deploy.resources import data_path
 from ddtree_deploy.yamlload import Problem, load_yaml_file
 from ddtree_deploy.yamlmodel import load_model

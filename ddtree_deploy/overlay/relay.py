@@ -38,14 +38,14 @@ from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.overlay.transfer import (
     StagingState,
     TransferReport,
-    _parse,
     check_received,
     fetch,
     send_from_cache,
     staging_check,
     unique_by_sha,
 )
-from ddtree_deploy.overlay.transfer_scripts import RECEIVE_SHELL, STAGING_RECEIVE
+from ddtree_deploy.remote.overlay_transfer import RECEIVE_SHELL, STAGING_RECEIVE
+from ddtree_deploy.remote.runner import read_json
 from ddtree_deploy.transport.base import Command, Result, Transport
 
 PARALLEL = 4  # targets served at once from the cache
@@ -153,7 +153,7 @@ class _Forward:
                 raise DeployError(f"{d.transport.host}: the stream to {d.staging} failed: "
                                   f"{self.error}")
             assert self.result is not None
-            answer = _parse(self.result, "the staging receiver")
+            answer = read_json(self.result, "the staging receiver", answers=None)
             ok = answer.get("ok")
             self.verified = {str(s) for s in ok} if isinstance(ok, list) else set()
             check_received(d.transport.host, d.staging, self.need, answer)

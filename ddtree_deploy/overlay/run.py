@@ -1,6 +1,6 @@
 """One overlay, end to end, onto one target or several: manifests -> plans -> relay -> apply.
 
-The parts: manifest_remote (RECORD file sets), plan (the diff), relay (source ->
+The parts: manifest (RECORD file sets), plan (the diff), relay (source ->
 workstation -> every target at once, into the blob cache on the way), apply (the
 detached, journaled swap with backups and the lane's checks). Targets are served
 in parallel, at most `parallel` at a time; a target that fails is its own failure
@@ -21,7 +21,7 @@ from ddtree_deploy.errors import DeployError, UsageError
 from ddtree_deploy.overlay import apply as remote_apply
 from ddtree_deploy.overlay.cache import BlobCache
 from ddtree_deploy.overlay.lane import Lane
-from ddtree_deploy.overlay.manifest_remote import read_manifest
+from ddtree_deploy.overlay.manifest import read_manifest
 from ddtree_deploy.overlay.model import FileEntry, OverlayPlan, VenvManifest
 from ddtree_deploy.overlay.plan import is_noop, plan
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink

@@ -36,7 +36,7 @@ from typing import BinaryIO, Protocol
 
 import zstandard
 
-from ddtree_deploy.errors import DeployError, RemoteCommandError, TransportError
+from ddtree_deploy.errors import DeployError, TransportError
 from ddtree_deploy.overlay.cache import (
     CHUNK,
     STORE_LEVEL,
@@ -46,13 +46,14 @@ from ddtree_deploy.overlay.cache import (
 )
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
-from ddtree_deploy.overlay.transfer_scripts import (
+from ddtree_deploy.remote.overlay_transfer import (
     RECEIVE_SHELL,
     SOURCE_SHELL,
     SOURCE_TAR,
     STAGING_CHECK,
     STAGING_RECEIVE,
 )
+from ddtree_deploy.remote.runner import failure, read_json, run_json
 from ddtree_deploy.transport.base import Command, Result, Transport
 
 ZSTD_FLAGS = "-1 --long=27"
@@ -149,29 +150,6 @@ def _str_list(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def _run_json(host: Transport, cmd: Command, what: str) -> dict[str, object]:
-    result = host.run(cmd, timeout=CHECK_TIMEOUT)
-    return _parse(result, what)
-
-
-def _failure(result: Result, what: str) -> RemoteCommandError:
-    """A short error: what failed, the exit code, the last lines of stderr (not the script)."""
-    tail = "; ".join(result.stderr.strip().splitlines()[-3:])[-600:]
-    return RemoteCommandError(
-        f"{result.host}: {what} failed (exit {result.exit_code})" + (f": {tail}" if tail else "")
-    )
-
-
-def _parse(result: Result, what: str) -> dict[str, object]:
-    try:
-        data = json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise _failure(result, what) from None
-    if not isinstance(data, dict):
-        raise _failure(result, what)
-    return data
-
-
 # -- fetch ----------------------------------------------------------------------
 
 
@@ -235,7 +213,7 @@ def fetch(
         done = outcome[0] if outcome else None
         broken = isinstance(done, Result) and (not done.ok or done.stderr.strip())
         if isinstance(exc, TransportError) and isinstance(done, Result) and broken:
-            raise _failure(done, "reading the lane's files on the source") from exc
+            raise failure(done, "reading the lane's files on the source") from exc
         if isinstance(exc, TransportError) and isinstance(done, BaseException):
             raise done from exc
         raise
@@ -248,7 +226,7 @@ def fetch(
     if isinstance(result, BaseException):
         raise result
     if result is not None and not result.ok and report.files < len(need):
-        raise _failure(result, "reading the lane's files on the source")
+        raise failure(result, "reading the lane's files on the source")
     report.seconds = time.monotonic() - t0
     return report
 
@@ -380,7 +358,8 @@ def staging_check(target: Transport, staging_dir: str, entries: list[FileEntry],
     """Which contents the target's staging already holds, verified (damaged ones deleted)."""
     listing = json.dumps([[e.sha256, e.size] for e in entries]).encode()
     check = Command.of(python, "-c", STAGING_CHECK, staging_dir, stdin=listing, sudo=sudo)
-    state = _run_json(target, check, "the staging check")
+    state = run_json(target, check, timeout=CHECK_TIMEOUT, what="the staging check",
+                     answers=None)  # its JSON says how it went
     free = state.get("free")
     return StagingState(set(_str_list(state.get("present"))), bool(state.get("zstd")),
                         free if isinstance(free, int) else None)
@@ -433,7 +412,8 @@ def send_from_cache(
     report.wire = writer.count
     if errors:
         raise errors[0]
-    check_received(target.host, staging_dir, need, _parse(result, "the staging receiver"))
+    answer = read_json(result, "the staging receiver", answers=None)  # the JSON says what came
+    check_received(target.host, staging_dir, need, answer)
     report.files = len(need)
     report.payload = total
     report.seconds = time.monotonic() - t0

@@ -2,9 +2,9 @@
 
 deploy: the venv's sglang version must be one the manifest supports and every upstream file
 it patches must match the manifest's sha256 (else a clear refusal naming the file). In one
-round trip the host-side script (remote.py) backs up the originals byte for byte (symlinks
-as symlinks), writes the backup's manifest and the state, then installs each file beside its
-target and renames it over; stale __pycache__ is cleared; verify runs in the venv's own
+round trip the host-side script (remote/payload.py) backs up the originals byte for byte
+(symlinks as symlinks), writes the backup's manifest and the state, then installs each file
+beside its target and renames it over; stale __pycache__ is cleared; verify runs in the venv's own
 python. A failed verify rolls back (the backup folder goes with it).
 
 A venv that already has a payload of another version or content, or whose payload files

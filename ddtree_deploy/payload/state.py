@@ -1,6 +1,6 @@
 """What the payload tool reads back from a host, validated like any input.
 
-`call` runs one op of the host-side script (remote.py) in the venv's python and checks its
+`call` runs one op of the host-side script (remote/payload.py) in the venv's python and checks its
 answer is the script's JSON; `parse_state` checks the venv's payload.json (a mapping with
 the keys a deploy writes, names and paths of the right form). Anything else is refused with
 the host, the venv and what was wrong (exit 2), never a traceback.
@@ -15,8 +15,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ddtree_deploy.errors import ExitCode, RefusedError, RemoteCommandError
 from ddtree_deploy.payload.manifest import PACKAGE, check_name, check_rel, check_sha
-from ddtree_deploy.payload.remote import STATE_DIR, program
-from ddtree_deploy.transport import Command
+from ddtree_deploy.remote.payload import STATE_DIR, program
+from ddtree_deploy.remote.runner import (
+    RemoteScriptError,
+    RemoteScriptTimeout,
+    run_json,
+    script_command,
+)
 from ddtree_deploy.transport.base import ExecTransport
 
 
@@ -43,18 +48,21 @@ def _shown(text: str, limit: int = 200) -> str:
 def call(t: ExecTransport, venv: str, op: str, timeout: float = 120, **req: Any
          ) -> dict[str, Any]:
     python = python_of(venv)
-    r = t.run(Command(argv=(python, "-I", "-"), stdin=program(json.dumps({"op": op, **req}))),
-              timeout=timeout)
-    if r.exit_code == 127 or (not r.stdout and "No such file" in r.stderr):
-        raise PayloadRefused(f"{venv} on {t.host} is not a venv (no {python})")
-    lines = r.stdout.strip().splitlines()
+    cmd = script_command(program(json.dumps({"op": op, **req})), python=python, flags=("-I",))
     try:
-        doc = json.loads(lines[-1]) if lines else None
-    except ValueError:
+        doc = run_json(t, cmd, timeout=timeout, what="the payload tool", answers=None)
+    except RemoteScriptTimeout:
+        raise
+    except RemoteScriptError as exc:
+        r = exc.result
+        if r is not None and (r.exit_code == 127 or (not r.stdout and "No such file" in r.stderr)):
+            raise PayloadRefused(f"{venv} on {t.host} is not a venv (no {python})") from None
         doc = None
+        said = (r.stdout.strip() or r.stderr.strip() or f"exit code {r.exit_code}") if r else ""
+    else:
+        said = json.dumps(doc)
     if not isinstance(doc, dict) or doc.get("ddtree_payload") != 1 \
             or not isinstance(doc.get("result"), dict):
-        said = r.stdout.strip() or r.stderr.strip() or f"exit code {r.exit_code}"
         raise PayloadRefused(f"{venv} on {t.host}: the venv's python did not answer the payload "
                              f"tool's JSON (it said {_shown(said)})")
     out: dict[str, Any] = doc["result"]

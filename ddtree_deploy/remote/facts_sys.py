@@ -2,7 +2,7 @@
 
 Every sub-command is bounded by a timeout; GPUs come from NVML, else from nvidia-smi calls
 run in parallel.
-Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
+Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any
 
-from ddtree_deploy.facts.probe_netlink import tcp_listeners_netlink
-from ddtree_deploy.facts.probe_nvml import nvml_info_bounded
-from ddtree_deploy.facts.probe_parse import (
+from ddtree_deploy.remote.facts_netlink import tcp_listeners_netlink
+from ddtree_deploy.remote.facts_nvml import nvml_info_bounded
+from ddtree_deploy.remote.facts_parse import (
     APPS_QUERY,
     GPU_QUERY,
     UNIT_PROPS,
@@ -255,9 +255,9 @@ def cuda_driver_version(lib: str = "libcuda.so.1") -> str | None:
 
 def nvidia_info(ports_by_pid: dict[int, list[int]], smi: str = "nvidia-smi",
                 libcuda: str = "libcuda.so.1", nvml: str = "libnvidia-ml.so.1") -> dict[str, Any]:
-    """Driver, CUDA version and GPUs (dead ones with the error) from NVML (probe_nvml.py);
+    """Driver, CUDA version and GPUs (dead ones with the error) from NVML (facts_nvml.py);
     where NVML does not start, from two parallel nvidia-smi queries and libcuda, and the
-    summary table (the slowest call: 0.1 s on a real H200) only for the CUDA version where
+    summary table (the slowest call) only for the CUDA version where
     libcuda cannot tell it."""
     found = nvml_info_bounded(ports_by_pid, proc_unit, nvml, CMD_TIMEOUT_S)
     if found is not None:
@@ -271,7 +271,7 @@ def nvidia_info(ports_by_pid: dict[int, list[int]], smi: str = "nvidia-smi",
         start_cmd([smi, "--query-gpu=" + GPU_QUERY, fmt]),
         start_cmd([smi, "--query-compute-apps=" + APPS_QUERY, fmt]),
     ]
-    cuda = cuda_driver_version(libcuda)  # loads libcuda (~50 ms) while those run
+    cuda = cuda_driver_version(libcuda)  # loads libcuda (slow) while those run
     if cuda is None:
         procs.append(start_cmd([smi]))
     gpus_r, apps_r, *table = finish_all(procs)

@@ -1,6 +1,6 @@
 """Apply an overlay on the target: run there with the venv's python, stdlib only.
 
-    python apply_remote.py --venv V apply REQUEST.json | rollback [--token T] | status | history
+    python overlay_apply.py --venv V apply REQUEST.json | rollback [--token T] | status | history
 
 Crash-consistent by construction. Everything lives inside the venv
 (<venv>/.ddtree-deploy/overlay), so staging, backups and site-packages share one file
@@ -12,7 +12,8 @@ site-packages untouched) -> `swapping` (link each staged blob to <path>.ddtree-n
 rename over <path>; delete old-only files) -> `checking` -> `done`; any failure ->
 `rolling-back` -> `rolled-back`. A run that finds the journal mid-way (its holder was
 killed: the flock is free) rolls back first, so site-packages is old or new, as a whole.
-Part of a bundle (overlay/apply.py prepends facts/probe_elf.py): Python >= 3.8 syntax.
+Part of a bundle (remote/bundle.py's OVERLAY_APPLY: facts_elf.py, overlay_apply_state.py,
+overlay_apply_checks.py, then this): Python >= 3.8 syntax.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import sys
 import time
 from typing import Any
 
-from ddtree_deploy.overlay.apply_checks import _SO, run_checks
-from ddtree_deploy.overlay.apply_state import (
+from ddtree_deploy.remote.overlay_apply_checks import _SO, run_checks
+from ddtree_deploy.remote.overlay_apply_state import (
     ACTIVE,
     EXIT_BUSY,
     EXIT_FAILED,
@@ -109,7 +110,7 @@ def prepare(site: Site, req: dict[str, Any]) -> dict[str, Any]:
 
 def verified_on_arrival(staging: str) -> dict[str, tuple[int, ...]]:
     """sha -> (size, inode, mtime_ns, ctime_ns) of each blob the receiver hashed on arrival
-    (staging/verified.jsonl; see overlay/transfer_scripts.py)."""
+    (staging/verified.jsonl; see remote/overlay_transfer.py)."""
     out: dict[str, tuple[int, ...]] = {}
     try:
         with open(os.path.join(staging, "verified.jsonl"), encoding="utf-8") as fh:

@@ -1,7 +1,7 @@
 """The probe's view of one virtual environment: dists, torch, compiled extensions, nvidia layout.
 
 Reads files only (never imports torch, sglang, flashinfer or xgrammar). The sglang part lives
-in probe_sglang. Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
+in facts_sglang. Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddtree_deploy.facts.probe_elf import ElfError, elf_dynamic
-from ddtree_deploy.facts.probe_memo import Memo
-from ddtree_deploy.facts.probe_parse import (
+from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
+from ddtree_deploy.remote.facts_memo import Memo
+from ddtree_deploy.remote.facts_parse import (
     canonical_name,
     cuda_major_of,
     is_cuda_lib,

@@ -11,7 +11,7 @@ that was absent is remembered as absent, so its appearance counts as a change.
 Kept in ~/.cache/ddtree-deploy/probe-memo.json of the user the probe runs as, written
 atomically, and only with the entries this run used (so it never grows past one run's worth).
 A memo that cannot be read starts empty; one that cannot be written is reported, never fatal.
-Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
+Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 """
 
 from __future__ import annotations

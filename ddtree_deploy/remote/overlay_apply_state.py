@@ -1,7 +1,7 @@
 """The target side of the overlay, part 1: paths, journal, lock, history, restore, recovery.
 
-Stdlib only, Python >= 3.8 syntax: bundled with facts/probe_elf.py, apply_checks.py and
-apply_remote.py into one script by overlay/apply.py (see apply_remote.py for the design).
+Stdlib only, Python >= 3.8 syntax: bundled with facts_elf.py, overlay_apply_checks.py and
+overlay_apply.py into one script by remote/bundle.py (see overlay_apply.py for the design).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One process asks NVML directly, with ctypes, where each nvidia-smi call would start a program
 that opens the driver again. Fields and error texts are those of the nvidia-smi queries the
-probe otherwise runs (probe_sys.nvidia_info), so the facts read the same either way:
+probe otherwise runs (facts_sys.nvidia_info), so the facts read the same either way:
   - memory in MiB as nvidia-smi shows it (v2 memory info: "used" leaves out the driver's
     reserve; the v1 call, for older drivers, counts it);
   - a GPU whose temperature, utilization or performance state fails with anything but
@@ -112,7 +112,7 @@ def load_nvml(lib: str = "libnvidia-ml.so.1") -> Nvml | None:
 
 def nvml_info(ports_by_pid: dict[int, list[int]], proc_unit: Callable[[int], str | None],
               lib: str = "libnvidia-ml.so.1") -> dict[str, Any] | None:
-    """Driver, CUDA version and GPUs with their processes, like probe_sys.nvidia_info; None
+    """Driver, CUDA version and GPUs with their processes, like facts_sys.nvidia_info; None
     when NVML is not there or does not start."""
     nvml = load_nvml(lib)
     if nvml is None:

@@ -1,9 +1,9 @@
 """The target side of the overlay, part 2: the lane's checks after the swap.
 
 torch's CUDA version (read from torch/version.py, not imported), the libcudart major
-every placed shared object needs (DT_NEEDED, via facts/probe_elf.py), and imports of
+every placed shared object needs (DT_NEEDED, via remote/facts_elf.py), and imports of
 listed modules, each in a subprocess of the venv's python with a timeout and no .pyc
-written. Stdlib only, Python >= 3.8 syntax (bundled by overlay/apply.py).
+written. Stdlib only, Python >= 3.8 syntax (bundled by remote/bundle.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import subprocess
 import sys
 from typing import Any
 
-from ddtree_deploy.facts.probe_elf import ElfError, elf_dynamic
-from ddtree_deploy.overlay.apply_state import Site
+from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
+from ddtree_deploy.remote.overlay_apply_state import Site
 
 _CUDART = re.compile(r"libcudart\.so\.(\d+)")
 _SO = re.compile(r"\.so(\.\d+)*$")

@@ -4,7 +4,7 @@ names flashinfer/xgrammar export, all read from files without importing those pa
 spec_info.py is loaded BY FILE PATH in the venv's own python (`-I -S`: no site-packages, no
 .pth hooks), so `import sglang` (which imports torch) never runs; if that fails (an import the
 file needs, a broken interpreter), the enum is read statically with ast instead.
-Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
+Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import ast
 
-from ddtree_deploy.facts.probe_memo import Memo
+from ddtree_deploy.remote.facts_memo import Memo
 
 SPEC_TIMEOUT_S = 10.0
 SPEC_TIMEOUT_TEXT = "loading spec_info.py took more than"
@@ -172,7 +172,7 @@ def sglang_info(
     return info
 
 
-PAYLOAD_STATE = (".ddtree-deploy", "payload.json")  # written by payload/remote.py
+PAYLOAD_STATE = (".ddtree-deploy", "payload.json")  # written by remote/payload.py
 PAYLOAD_STATE_MAX = 1 << 20
 
 

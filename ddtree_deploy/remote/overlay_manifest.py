@@ -16,9 +16,7 @@ differences are listed under ``mismatches``. Problems that make a distribution
 unusable for an overlay (no RECORD, two dist-infos of one name, an absolute
 path) are listed under ``errors``; the workstation refuses the manifest then.
 
-The workstation side (the command and parsing the answer) is at the bottom; its
-imports are inside the functions so the module stays stdlib-only when it runs
-on a host.
+The workstation side (the command and reading the answer) is overlay/manifest.py.
 """
 
 from __future__ import annotations
@@ -35,12 +33,7 @@ import posixpath
 import re
 import sys
 import sysconfig
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ddtree_deploy.overlay.model import VenvManifest
-    from ddtree_deploy.transport import Command, Transport
+from typing import Any
 
 CHUNK = 1024 * 1024
 
@@ -197,93 +190,6 @@ def main(argv: list[str]) -> int:
     json.dump(result, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
     return 0
-
-
-# ---- the workstation side -------------------------------------------------------------
-
-
-@dataclass
-class ManifestReport:
-    """A venv's manifest and, after --verify, the files that no longer match RECORD."""
-
-    manifest: VenvManifest
-    mismatches: dict[str, list[str]] = field(default_factory=dict)
-
-
-def script_source() -> str:
-    with open(__file__, encoding="utf-8") as f:
-        return f.read()
-
-
-def manifest_command(
-    venv: str,
-    patterns: list[str],
-    *,
-    verify: bool = False,
-    site_packages: str | None = None,
-    python: str | None = None,
-) -> Command:
-    """``<venv>/bin/python - --venv V [--verify] -- PATTERN...`` with this script on stdin."""
-    from ddtree_deploy.transport import Command
-
-    args = ["--venv", venv]
-    if site_packages:
-        args += ["--site-packages", site_packages]
-    if verify:
-        args.append("--verify")
-    exe = python or posixpath.join(venv, "bin", "python")
-    return Command(argv=(exe, "-", *args, "--", *patterns), stdin=script_source().encode())
-
-
-def parse_manifest(host: str, stdout: str) -> ManifestReport:
-    """The script's JSON -> ManifestReport; its errors become a RemoteCommandError."""
-    from pydantic import ValidationError
-
-    from ddtree_deploy.errors import RemoteCommandError
-    from ddtree_deploy.overlay.model import VenvManifest
-
-    try:
-        data = json.loads(stdout)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        manifest = VenvManifest.model_validate(data)
-    except (ValueError, ValidationError) as exc:
-        head = stdout.strip()[:200] or "(no output)"
-        raise RemoteCommandError(f"{host}: the manifest script returned no valid JSON ({exc}); "
-                                 f"it printed: {head}") from None
-    errors = [str(e) for e in data.get("errors") or []]
-    if errors:
-        shown = "\n  ".join(errors[:20])
-        raise RemoteCommandError(f"{host}: cannot read the venv {manifest.venv}:\n  {shown}")
-    raw = data.get("mismatches") or {}
-    mismatches = {str(k): [str(x) for x in v] for k, v in raw.items()}
-    return ManifestReport(manifest=manifest, mismatches=mismatches)
-
-
-def read_manifest(
-    transport: Transport,
-    venv: str,
-    patterns: list[str],
-    *,
-    verify: bool = False,
-    site_packages: str | None = None,
-    python: str | None = None,
-    timeout: float = 600.0,
-) -> ManifestReport:
-    """Run the script on the transport's host in one round trip and parse its answer."""
-    from ddtree_deploy.errors import RemoteCommandError
-
-    cmd = manifest_command(venv, patterns, verify=verify, site_packages=site_packages,
-                           python=python)
-    result = transport.run(cmd, timeout=timeout)
-    if result.exit_code in (126, 127):
-        raise RemoteCommandError(f"{transport.host}: no runnable python at {cmd.argv[0]}",
-                                 hint=f"is {venv} a venv on {transport.host}?")
-    if not result.ok:
-        tail = result.stderr.strip()[-400:]
-        raise RemoteCommandError(
-            f"{transport.host}: the manifest script failed (exit {result.exit_code}): {tail}")
-    return parse_manifest(transport.host, result.stdout)
 
 
 if __name__ == "__main__":

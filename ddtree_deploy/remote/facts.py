@@ -1,6 +1,6 @@
 """The host probe's entry point: gather every part, print ONE JSON object (facts.model.Facts).
 
-Runs on the host as one stdlib-only script (facts/bundle.py joins the probe_* parts and this
+Runs on the host as one stdlib-only script (remote/bundle.py joins the facts_* parts and this
 file) fed on stdin: `python3 - --venv /root/venv --discover --host-name ct200`. Importing it
 does nothing; main(argv) does the work. Each part is wrapped: an exception in one part becomes
 that part's "error" and the rest still report. Python >= 3.8 syntax.
@@ -16,21 +16,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddtree_deploy.facts.probe_memo import MEMO_PATH, Memo
-from ddtree_deploy.facts.probe_sglang import (
+from ddtree_deploy.remote.facts_memo import MEMO_PATH, Memo
+from ddtree_deploy.remote.facts_sglang import (
     WANTED_NAMES,
     exported_names,
     payload_state,
     sglang_info,
 )
-from ddtree_deploy.facts.probe_sys import (
+from ddtree_deploy.remote.facts_sys import (
     elapsed,
     host_info,
     listeners,
     nvidia_info,
     services,
 )
-from ddtree_deploy.facts.probe_venv import (
+from ddtree_deploy.remote.facts_venv import (
     find_package_dir,
     find_site_packages,
     nvidia_layout,
@@ -197,7 +197,7 @@ def gather(
     memo_path: str | None = None, memo_code: str = "",
 ) -> dict[str, Any]:
     """Every part's facts. memo_path: where the host keeps what the probe derived from files
-    (probe_memo.py); None: derive everything again."""
+    (facts_memo.py); None: derive everything again."""
     start = time.monotonic()
     memo = Memo(memo_path, memo_code)
     declared = [os.path.normpath(v) for v in venvs]

@@ -1,9 +1,9 @@
 """Listening TCP sockets from the kernel's sock_diag netlink interface (what `ss -ltn` uses).
 
-Reading /proc/net/tcp makes the kernel walk all of its TCP hash tables (about 4.5 ms per file
-even with a handful of sockets, more on a busy host); sock_diag answers with the listening
-sockets of this network namespace only. Each answer: {address, port, inode}, as
-probe_parse.parse_proc_net_tcp gives; None when netlink is not available (the caller then reads
+Reading /proc/net/tcp makes the kernel walk all of its TCP hash tables, even with a handful of
+sockets (the cost: benchmarks/RESULTS.md, the inventory section); sock_diag answers with the
+listening sockets of this network namespace only. Each answer: {address, port, inode}, as
+facts_parse.parse_proc_net_tcp gives; None when netlink is not available (the caller then reads
 /proc/net/tcp). Part of the probe bundle: stdlib only, Python >= 3.8 syntax.
 """
 

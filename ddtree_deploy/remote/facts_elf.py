@@ -2,7 +2,7 @@
 
 Reads the header, the program headers, the dynamic segment and the few strings it names,
 each with seek + a bounded read, so a 1 GB libtorch_cuda.so costs a few KB of I/O.
-Part of the probe bundle (facts/bundle.py): stdlib only, Python >= 3.8 syntax.
+Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Pure parsers of the host probe: text in, plain dicts/lists out (no I/O, stdlib only).
 
-Part of the probe bundle (see facts/bundle.py): Python >= 3.8 syntax, no third-party imports,
+Part of the probe bundle (see remote/bundle.py): Python >= 3.8 syntax, no third-party imports,
 no work at import. Every name defined here is unique across the probe_* parts.
 """
 
