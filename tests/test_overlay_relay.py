@@ -19,7 +19,7 @@ from ddtree_deploy.overlay.cache import STORE_LEVEL, BlobCache, level_for
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import CountingProgress
 from ddtree_deploy.overlay.relay import Destination, relay
-from ddtree_deploy.remote.overlay_transfer import STAGING_RECEIVE
+from ddtree_deploy.remote.overlay_transfer import staging_receive
 from ddtree_deploy.transport import LocalTransport
 
 PY = sys.executable
@@ -93,7 +93,7 @@ class _CutOff(LocalTransport):
     """A target whose connection drops after the first MiB of the stream."""
 
     def run_stream_in(self, cmd, src, *, timeout=None):
-        if STAGING_RECEIVE in cmd.argv:
+        if staging_receive() in cmd.argv:
             src.read(MiB)
             raise TransportError(f"{self.host}: connection lost")
         return super().run_stream_in(cmd, src, timeout=timeout)

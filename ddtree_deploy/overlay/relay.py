@@ -44,7 +44,7 @@ from ddtree_deploy.overlay.transfer import (
     staging_check,
     unique_by_sha,
 )
-from ddtree_deploy.remote.overlay_transfer import RECEIVE_SHELL, STAGING_RECEIVE
+from ddtree_deploy.remote.overlay_transfer import RECEIVE_SHELL, staging_receive
 from ddtree_deploy.remote.runner import read_json
 from ddtree_deploy.transport.base import Command, Result, Transport
 
@@ -100,7 +100,7 @@ class _Forward:
             fcntl.fcntl(wfd, _F_SETPIPE_SZ, CHUNK)  # room for a chunk: smoother lockstep
         self.fd = wfd
         d = self.dest
-        cmd = Command.shell(RECEIVE_SHELL, d.python, STAGING_RECEIVE, d.staging,
+        cmd = Command.shell(RECEIVE_SHELL, d.python, staging_receive(), d.staging,
                             "z" if compressed else "", sudo=d.sudo)
         self.dest.forwarded.compressed = compressed
 

@@ -1,7 +1,7 @@
 """Moving a lane's files: source -> workstation blob cache -> target staging, streamed.
 
-fetch: one `python -c SOURCE_TAR` on the source writes a tar of the needed files
-(members named by sha256) to stdout; the workstation reads it with tarfile's stream
+fetch: one `python -c` of remote/overlay_source_tar.py on the source writes a tar of the
+needed files (members named by sha256) to stdout; the workstation reads it with tarfile's stream
 mode and stores each member in the BlobCache, which verifies the sha256 before a
 blob exists. Only contents the cache lacks are asked for, so a second target or a
 re-run fetches nothing again.
@@ -46,13 +46,7 @@ from ddtree_deploy.overlay.cache import (
 )
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
-from ddtree_deploy.remote.overlay_transfer import (
-    RECEIVE_SHELL,
-    SOURCE_SHELL,
-    SOURCE_TAR,
-    STAGING_CHECK,
-    STAGING_RECEIVE,
-)
+from ddtree_deploy.remote import overlay_transfer as scripts
 from ddtree_deploy.remote.runner import failure, read_json, run_json
 from ddtree_deploy.transport.base import Command, Result, Transport
 
@@ -181,8 +175,8 @@ def fetch(
     by_sha = {e.sha256: e for e in need}
     listing = json.dumps([[e.sha256, e.path] for e in need]).encode()
     cmd = Command.shell(
-        SOURCE_SHELL, python, SOURCE_TAR, site_packages, ZSTD_FLAGS if compress else "",
-        stdin=listing, sudo=sudo,
+        scripts.SOURCE_SHELL, python, scripts.source_tar(), site_packages,
+        ZSTD_FLAGS if compress else "", stdin=listing, sudo=sudo,
     )  # fmt: skip
     rfd, wfd = os.pipe()
     writer = _PipeWriter(wfd, forward)
@@ -357,7 +351,8 @@ def staging_check(target: Transport, staging_dir: str, entries: list[FileEntry],
                   python: str = "python3", sudo: bool = False) -> StagingState:
     """Which contents the target's staging already holds, verified (damaged ones deleted)."""
     listing = json.dumps([[e.sha256, e.size] for e in entries]).encode()
-    check = Command.of(python, "-c", STAGING_CHECK, staging_dir, stdin=listing, sudo=sudo)
+    check = Command.of(python, "-c", scripts.staging_check(), staging_dir, stdin=listing,
+                       sudo=sudo)
     state = run_json(target, check, timeout=CHECK_TIMEOUT, what="the staging check",
                      answers=None)  # its JSON says how it went
     free = state.get("free")
@@ -399,7 +394,8 @@ def send_from_cache(
         name=f"push-{target.host}", daemon=True,
     )  # fmt: skip
     cmd = Command.shell(
-        RECEIVE_SHELL, python, STAGING_RECEIVE, staging_dir, "z" if use_zstd else "", sudo=sudo
+        scripts.RECEIVE_SHELL, python, scripts.staging_receive(), staging_dir,
+        "z" if use_zstd else "", sudo=sudo,
     )
     thread.start()
     try:

@@ -1,0 +1,109 @@
+"""On an overlay's target, step 2: receive a tar of blobs (named by sha256) from stdin.
+
+    python -c "$(bundle)" STAGING   < tar
+
+Each blob is written to incoming/, hashed while it is written, and renamed into blobs/ only when
+it matches; each one so verified is recorded in verified.jsonl with its size, inode, mtime and
+ctime: the staging check and the apply trust a blob whose stat still matches its record (no
+write, chmod, rename or replacement since: any of them changes the ctime, which no caller can set
+back) and hash every other one again. So the bytes are read once, as they arrive. fsync and
+rename happen in a thread of their own while the next blob is read. The tar is the
+workstation's (from its cache) or the source's own (forwarded while it arrives: its "pid" member
+is skipped). Prints {"ok": [...], "bad": [...], "complete": bool, "error": str or null}.
+Bundled after overlay_staging.py: Python >= 3.8 syntax, stdlib only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import sys
+import tarfile
+import threading
+from typing import Any
+
+from ddtree_deploy.remote.overlay_staging import guard
+
+CHUNK = 1 << 20
+
+
+def main(argv: list[str]) -> int:
+    staging = argv[0]
+    guard(staging)
+    blobs = os.path.join(staging, "blobs")
+    incoming = os.path.join(staging, "incoming")
+    os.makedirs(blobs, exist_ok=True)
+    os.makedirs(incoming, exist_ok=True)
+    ok: list[str] = []
+    bad: list[str] = []
+    complete = False
+    errors: list[str] = []  # the first error
+    finished: queue.Queue[Any] = queue.Queue(8)  # written and hashed: fsync + rename, overlapped
+
+    def finish() -> None:
+        while True:
+            item = finished.get()
+            if item is None:
+                return
+            fh, part, sha, good = item
+            try:
+                fh.flush()
+                os.fsync(fh.fileno())
+                fh.close()
+                if good:
+                    os.replace(part, os.path.join(blobs, sha))
+                    st = os.stat(os.path.join(blobs, sha))
+                    with open(os.path.join(staging, "verified.jsonl"), "a") as rec:
+                        rec.write(json.dumps([sha, st.st_size, st.st_ino, st.st_mtime_ns,
+                                              st.st_ctime_ns]) + "\n")
+                    ok.append(sha)
+                else:
+                    os.unlink(part)
+                    bad.append(sha)
+            except OSError as exc:
+                if not errors:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+    finisher = threading.Thread(target=finish)
+    finisher.start()
+    error = None
+    try:
+        tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|", bufsize=CHUNK)  # noqa: SIM115
+        for member in tar:
+            if member.name == "end":
+                complete = True
+                break
+            if member.name == "pid":  # a source's stream, forwarded as it came: not a blob
+                continue
+            sha = member.name
+            if len(sha) != 64 or sha.strip("0123456789abcdef") or not member.isfile():
+                bad.append(sha)
+                continue
+            src = tar.extractfile(member)
+            assert src is not None  # a regular file
+            part = os.path.join(incoming, sha + ".part")
+            digest = hashlib.sha256()
+            fh = open(part, "wb")  # noqa: SIM115 - closed by the finisher
+            size = 0
+            try:
+                while True:
+                    chunk = src.read(CHUNK)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    fh.write(chunk)
+                    size += len(chunk)
+            except BaseException:
+                fh.close()
+                raise
+            finished.put((fh, part, sha, digest.hexdigest() == sha and size == member.size))
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finished.put(None)
+    finisher.join()
+    if error is None and errors:
+        error = errors[0]
+    print(json.dumps({"ok": ok, "bad": bad, "complete": complete, "error": error}))
+    return 0
