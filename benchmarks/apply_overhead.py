@@ -20,8 +20,8 @@ import time
 
 from ddtree_deploy.config import load_config
 from ddtree_deploy.converge.runner import apply_host
-from ddtree_deploy.lab import manager
 from ddtree_deploy.resources import embedded_hosts_file
+from ddtree_lab import manager
 
 WORK = {"venv.create", "lane.overlay", "package.install", "payload.deploy", "service.start",
         "service.probe"}
@@ -62,7 +62,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from ddtree_deploy.lab import lock
+    from ddtree_lab import lock
 
     with lock.session():  # the whole run holds the lab (a test session waits, or we do)
         main()

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddtree_deploy.lab import manager
+from ddtree_lab import manager
 
 CLI = str(Path(sys.executable).with_name("ddtree-deploy"))
 
@@ -98,7 +98,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from ddtree_deploy.lab import lock
+    from ddtree_lab import lock
 
     with lock.session():  # the whole run holds the lab (a test session waits, or we do)
         main()

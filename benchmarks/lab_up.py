@@ -46,7 +46,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from ddtree_deploy.lab import lock
+    from ddtree_lab import lock
 
     with lock.session():  # the whole run holds the lab (a test session waits, or we do)
         main()

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from ddtree_deploy import paths
-from ddtree_deploy.lab import manager
+from ddtree_lab import manager
 
 CLI = str(Path(sys.executable).with_name("ddtree-deploy"))
 WHEELS = {"nvidia-cublas": "13.1.1.3", "nvidia-cuda-nvrtc": "13.0.88",
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, wheels: Path) -> None:
 
 
 if __name__ == "__main__":
-    from ddtree_deploy.lab import lock
+    from ddtree_lab import lock
 
     with lock.session():  # the whole run holds the lab
         main()

@@ -24,9 +24,9 @@ import time
 from ddtree_deploy.config import load_config
 from ddtree_deploy.connect import open_transport
 from ddtree_deploy.health.probe import ProbeTarget, probe_service
-from ddtree_deploy.lab import manager
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.transport import Command
+from ddtree_lab import manager
 
 CLI = [sys.executable, "-m", "ddtree_deploy.cli"]
 
@@ -101,7 +101,7 @@ def _healthy_at(t) -> float:
 
 
 if __name__ == "__main__":
-    from ddtree_deploy.lab import lock
+    from ddtree_lab import lock
 
     with lock.session():  # the whole run holds the lab (a test session waits, or we do)
         main()

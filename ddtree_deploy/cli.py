@@ -32,9 +32,9 @@ def build_app() -> "typer.Typer":
         cli_converge,
         cli_hosts,
         cli_inventory,
-        cli_lab,
         cli_overlay,
         cli_payload,
+        cli_plugins,
         cli_service,
         cli_venv,
     )
@@ -60,7 +60,7 @@ def build_app() -> "typer.Typer":
     app.add_typer(cli_venv.app, name="venv")
     app.add_typer(cli_overlay.app, name="overlay")
     app.add_typer(cli_hosts.app, name="hosts")
-    app.add_typer(cli_lab.app, name="lab")
+    cli_plugins.add_to(app)  # command groups that other distributions add
     app.add_typer(cli_bench.app, name="bench")
 
     def _version(value: bool) -> None:

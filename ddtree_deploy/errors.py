@@ -73,10 +73,6 @@ class RemoteCommandError(DeployError):
     """A remote command exited non-zero where success was required."""
 
 
-class LabError(DeployError):
-    """The local lab (containers, namespaces) could not be brought up or down."""
-
-
 class RefusedError(DeployError):
     """The tool refuses an action that would harm something it does not own (a busy GPU,
     a taken port, a unit it did not create)."""

@@ -19,7 +19,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" ca-certificates >/dev/null
 fi
 
-# uv builds the project's venv from uv.lock; it comes from PyPI into a venv of its own.
+# uv builds the project's venv from uv.lock (the tool, and the lab from lab/ as a workspace
+# member: the tests', benchmarks' and demo's hosts); uv comes from PyPI into a venv of its own.
 UV=$(command -v uv || true)
 if [ -z "$UV" ] || [ "$("$UV" --version | awk '{print $2}')" != "$UV_VERSION" ]; then
   if [ ! -x /opt/ddtree-deploy-uv/bin/uv ]; then
@@ -31,5 +32,5 @@ fi
 # --compile-bytecode, and compileall for the project's own (editable) source: the CLI starts
 # from .pyc files even where PYTHONDONTWRITEBYTECODE is set (about 60 ms per command).
 "$UV" sync --frozen --quiet --compile-bytecode
-.venv/bin/python -m compileall -q -j 0 ddtree_deploy >/dev/null
+.venv/bin/python -m compileall -q -j 0 ddtree_deploy lab/ddtree_lab >/dev/null
 echo "setup: ok ($(.venv/bin/ddtree-deploy --version))"

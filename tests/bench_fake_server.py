@@ -1,7 +1,7 @@
 """`python -m sglang.launch_server` for bench tests on this machine (no lab, no GPU).
 
 A fake venv's bin/python runs this file; it reads the flags a rendered unit passes, and serves
-the lab stand-in's endpoints (ddtree_deploy/lab/standin_server: token-id mode, SSE streaming,
+the lab stand-in's endpoints (lab/ddtree_lab/standin_server: token-id mode, SSE streaming,
 meta_info) with its SYNTHETIC speed model for those flags. Start-up lines as SGLang prints them.
 """
 
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddtree_deploy" / "lab" /
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab" / "ddtree_lab" /
                        "standin_server"))
 
 from ddtree_lab_standin import http as labhttp

@@ -54,7 +54,7 @@ def lab_session() -> Iterator[None]:
         if os.environ.get("CI"):
             pytest.fail(f"lab tests must run in CI: {reason}")
         pytest.skip(reason)
-    from ddtree_deploy.lab import lock, manager
+    from ddtree_lab import lock, manager
 
     # The whole session holds the lab: another `lab up` (a benchmark, a second session) waits
     # for it or is refused naming this process, instead of tearing these containers down.
@@ -69,7 +69,7 @@ def lab_session() -> Iterator[None]:
 @pytest.fixture()
 def lab(lab_session: None) -> Config:
     """The lab is up (brought back if a test took it down); returns the embedded hosts file."""
-    from ddtree_deploy.lab import manager
+    from ddtree_lab import manager
 
     rows = manager.status()
     if not rows or not all(r.running and r.ssh for r in rows):

@@ -11,13 +11,13 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ddtree_deploy.lab.elfstub import SharedObject, compile_shared
+from ddtree_lab.elfstub import SharedObject, compile_shared
 
 
 @functools.lru_cache(maxsize=1)
 def wheels_dir() -> Path:
-    from ddtree_deploy.lab.manager import lab_cache_dir
-    from ddtree_deploy.lab.wheelhouse import download_real
+    from ddtree_lab.manager import lab_cache_dir
+    from ddtree_lab.wheelhouse import download_real
 
     return download_real(lab_cache_dir() / "wheels" / "real")["sglang==0.5.11"].parent
 

@@ -20,8 +20,8 @@ import pytest
 
 from ddtree_deploy.config import Config
 from ddtree_deploy.connect import open_transport
-from ddtree_deploy.lab import container, manager, netns, wheelhouse
 from ddtree_deploy.transport import Command
+from ddtree_lab import container, manager, netns, wheelhouse
 
 pytestmark = pytest.mark.lab
 

@@ -43,7 +43,7 @@ def pending(plan_json: str) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def fresh(lab_session: None) -> Iterator[Config]:
-    from ddtree_deploy.lab import manager
+    from ddtree_lab import manager
 
     manager.up()  # a fresh lab: nothing of the deployment exists on ct200
     yield load_config(embedded_hosts_file())

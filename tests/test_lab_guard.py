@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.lab import container, fsguard, lock
+from ddtree_lab import container, fsguard, lock
 
 HOLDER = """
 import sys
 from pathlib import Path
-from ddtree_deploy.lab import lock
+from ddtree_lab import lock
 with lock.hold(0, path=Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()

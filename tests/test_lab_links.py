@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ddtree_deploy.errors import UsageError
-from ddtree_deploy.lab import netns
+from ddtree_lab import netns
 
 
 @pytest.fixture()

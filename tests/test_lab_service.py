@@ -13,8 +13,8 @@ import pytest
 
 from ddtree_deploy.config import Config
 from ddtree_deploy.connect import open_transport
-from ddtree_deploy.lab import manager, wheelhouse
 from ddtree_deploy.transport import Command
+from ddtree_lab import manager, wheelhouse
 
 pytestmark = pytest.mark.lab
 ML_ENV = "/root/ml-env"

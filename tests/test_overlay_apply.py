@@ -26,7 +26,6 @@ from typing import Any, Literal
 import pytest
 
 from ddtree_deploy.errors import DeployError, RefusedError
-from ddtree_deploy.lab.elfstub import SharedObject, compile_shared
 from ddtree_deploy.overlay import apply as overlay_apply
 from ddtree_deploy.overlay.lane import LaneChecks
 from ddtree_deploy.overlay.model import (
@@ -38,6 +37,7 @@ from ddtree_deploy.overlay.model import (
     manifests_id,
 )
 from ddtree_deploy.transport.local import LocalTransport
+from ddtree_lab.elfstub import SharedObject, compile_shared
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 CHECKS = {"torch_cuda": "13.0", "extension_cudart_major": 13, "imports": ["torch"],

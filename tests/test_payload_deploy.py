@@ -16,12 +16,12 @@ import pytest
 
 from ddtree_deploy.converge.steps import _install as installer
 from ddtree_deploy.errors import ConfigError, RefusedError
-from ddtree_deploy.lab.manager import lab_cache_dir
-from ddtree_deploy.lab.wheelhouse import download_real
 from ddtree_deploy.payload import deploy as ops
 from ddtree_deploy.payload.manifest import load_manifest
 from ddtree_deploy.resources import data_path
 from ddtree_deploy.transport.local import LocalTransport
+from ddtree_lab.manager import lab_cache_dir
+from ddtree_lab.wheelhouse import download_real
 
 
 def scratch_venv(root: Path, wheel: Path) -> Path:

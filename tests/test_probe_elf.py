@@ -10,7 +10,7 @@ import pytest
 from probe_venvs import shared_object
 
 from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
-from ddtree_deploy.lab.elfstub import read_dynamic
+from ddtree_lab.elfstub import read_dynamic
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.remote import facts_sys
 from ddtree_deploy.facts.model import NvidiaInfo
-from ddtree_deploy.lab.standin import nvidia_smi
+from ddtree_deploy.remote import facts_sys
+from ddtree_lab.standin import nvidia_smi
 
 STANDIN_SMI = Path(nvidia_smi.__file__)
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -40,7 +40,7 @@ CT200 = {"driver_version": "580.95.05", "cuda_version": "13.0",
 
 @pytest.fixture(scope="module")
 def libnvml(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from ddtree_deploy.lab.standin_wheels import build_libnvml
+    from ddtree_lab.standin_wheels import build_libnvml
 
     return str(build_libnvml(tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"))
 

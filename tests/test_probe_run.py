@@ -27,10 +27,10 @@ from probe_venvs import (
     torch_cu130,
 )
 
-from ddtree_deploy.remote.bundle import PARTS, probe_source
 from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.remote.bundle import PARTS, probe_source
 
-STANDIN_SMI = Path(__file__).resolve().parents[1] / "ddtree_deploy/lab/standin/nvidia_smi.py"
+STANDIN_SMI = Path(__file__).resolve().parents[1] / "lab/ddtree_lab/standin/nvidia_smi.py"
 pytestmark = pytest.mark.skipif(not have_wheels(), reason="needs gcc")
 
 
@@ -183,7 +183,7 @@ def test_cuda_version_from_libcuda_spares_the_summary_table(host: dict[str, Path
     """With libcuda loadable, the CUDA version comes from cuDriverGetVersion (the lab's
     stand-in libcuda answers as a driver speaking 12.8 here) and the driver version from the
     GPU query: nvidia-smi is called twice, never for its summary table."""
-    from ddtree_deploy.lab.standin_wheels import build_libcuda
+    from ddtree_lab.standin_wheels import build_libcuda
 
     env = fake_smi(host["bin"], CT129, host["tmp"])
     calls = host["tmp"] / "smi-calls"
@@ -210,7 +210,7 @@ def test_a_stuck_nvml_leaves_the_rest_of_the_probe(host: dict[str, Path]) -> Non
     """NVML that hangs (the lab's libnvidia-ml told to take 8 s, as a driver stuck on a failed
     GPU can): the probe answers after its 5 s bound with every other part, and the child left
     behind holds none of the probe's output open."""
-    from ddtree_deploy.lab.standin_wheels import build_libnvml
+    from ddtree_lab.standin_wheels import build_libnvml
 
     env = fake_smi(host["bin"], CT129, host["tmp"])
     libs = host["tmp"] / "driver-libs"

@@ -139,7 +139,7 @@ def _need_gcc() -> None:
 def test_real_dlopen_of_sgl_kernel_like_module_in_cu128_venv(tmp_path: Path) -> None:
     """An extension with sgl_kernel's DT_NEEDED head (libnvrtc.so.13 first) fails to load."""
     _need_gcc()
-    from ddtree_deploy.lab.elfstub import SharedObject, compile_shared
+    from ddtree_lab.elfstub import SharedObject, compile_shared
 
     needed = ("libnvrtc.so.13", "libcudart.so.13", "libc.so.6")
     macros = (("MODULE_NAME", '"common_ops"'), ("PYINIT", "PyInit_common_ops"))
@@ -157,7 +157,7 @@ def test_real_dlopen_without_driver_library(tmp_path: Path) -> None:
     _need_gcc()
     if ctypes.util.find_library("cuda"):
         pytest.skip("this machine has libcuda.so.1")
-    from ddtree_deploy.lab.elfstub import SharedObject, compile_shared
+    from ddtree_lab.elfstub import SharedObject, compile_shared
 
     macros = (("MODULE_NAME", '"flash_ops"'), ("PYINIT", "PyInit_flash_ops"))
     so = SharedObject("pyext.c", ("libcuda.so.1", "libc.so.6"), defines=macros, python_ext=True)
@@ -182,7 +182,7 @@ def test_real_undefined_c10_symbol(tmp_path: Path) -> None:
 
 
 def _real_cudart(tmp_path: Path) -> ctypes.CDLL:
-    from ddtree_deploy.lab.manager import lab_cache_dir
+    from ddtree_lab.manager import lab_cache_dir
 
     wheels = sorted((lab_cache_dir() / "wheels" / "real").glob("nvidia_cuda_runtime-13.*.whl"))
     if not wheels:

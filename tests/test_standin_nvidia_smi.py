@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ddtree_deploy" / "lab" / "standin" / "nvidia_smi.py"
+SCRIPT = ROOT / "lab" / "ddtree_lab" / "standin" / "nvidia_smi.py"
 FACTS = Path(__file__).resolve().parent / "facts" / "nvidia_smi"
 UUID_BUSY = "GPU-683f45df-28e7-86c0-004d-046e140e4ce4"  # the GPU of the 15-field and busy captures
 UUID_IDLE = "GPU-a30cf273-2275-f5b6-a170-a20cf93ed3f8"  # the GPU of query-gpu.csv and the XML

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.lab import standin_dist
+from ddtree_lab import standin_dist
 
 PATTERNS = {
     "sglang-0.5.11": "sglang-0.5.11-*.whl", "sglang-0.5.10": "sglang-0.5.10-*.whl",
@@ -63,8 +63,8 @@ def _need_python311() -> str:
 def lab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A venv with only ddtree-lab-standin, plus one folder per package state."""
     python = _need_python311()
-    from ddtree_deploy.lab.manager import lab_cache_dir
-    from ddtree_deploy.lab.wheelhouse import download_real
+    from ddtree_lab.manager import lab_cache_dir
+    from ddtree_lab.wheelhouse import download_real
 
     wheels_dir = download_real(lab_cache_dir() / "wheels" / "real")["sglang==0.5.11"].parent
     missing = [p for p in PATTERNS.values() if not list(wheels_dir.glob(p))]
@@ -468,7 +468,7 @@ def test_wrapper_claims_gpu0_and_serves(tmp_path: Path) -> None:
 # -- the stand-in against real SGLang 0.5.11 captures (tests/data/real/, README.md) ----------
 
 REAL = Path(__file__).parent / "data" / "real" / "sglang-0.5.11-h200"
-STANDIN_SRC = Path(__file__).resolve().parents[1] / "ddtree_deploy" / "lab" / "standin_server"
+STANDIN_SRC = Path(__file__).resolve().parents[1] / "lab" / "ddtree_lab" / "standin_server"
 STAMP = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "
 # Start-up and run lines the probe and bench read (a log file without systemd), as SGLang
 # 0.5.11 prints them; each must be found in the real log named and in the stand-in's output.

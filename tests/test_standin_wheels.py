@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.errors import LabError
-from ddtree_deploy.lab import standin_wheels as sw
-from ddtree_deploy.lab.elfstub import read_dynamic
+from ddtree_lab import standin_wheels as sw
+from ddtree_lab.elfstub import read_dynamic
+from ddtree_lab.errors import LabError
 
 # Copies of shared/fixtures/real (tests/facts/real/SOURCES.txt says where each came from).
 FIXTURES = Path(__file__).parent / "facts" / "real"
@@ -38,8 +38,8 @@ NOT_FOUND = "cannot open shared object file: No such file or directory"
 
 def _runtime_wheel(lane: str) -> Path:
     # The real runtime wheels, from the lab's wheelhouse (downloaded once from the registry).
-    from ddtree_deploy.lab.manager import lab_cache_dir
-    from ddtree_deploy.lab.wheelhouse import download_real
+    from ddtree_lab.manager import lab_cache_dir
+    from ddtree_lab.wheelhouse import download_real
 
     return download_real(lab_cache_dir() / "wheels" / "real")[RUNTIME[lane]]
 

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddtree_deploy import paths
-from ddtree_deploy.errors import LabError, TransportError
-from ddtree_deploy.lab import container, keys, lock, netns, provision, rootfs, wheelhouse
-from ddtree_deploy.lab.topology import SUBNET_PREFIX, LabHost, gpu_spec_json, lab_hosts
+from ddtree_deploy.errors import TransportError
+from ddtree_lab import container, keys, lock, netns, provision, rootfs, wheelhouse
+from ddtree_lab.errors import LabError
+from ddtree_lab.topology import SUBNET_PREFIX, LabHost, gpu_spec_json, lab_hosts
 
 Report = Callable[[str], None]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ddtree_deploy.lab.fsguard import remove_tree
-from ddtree_deploy.lab.sysrun import sh
+from ddtree_lab.fsguard import remove_tree
+from ddtree_lab.sysrun import sh
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"

@@ -15,11 +15,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from ddtree_deploy.errors import LabError
-from ddtree_deploy.lab.fsguard import mounts_under, remove_tree
-from ddtree_deploy.lab.sysrun import sh
-from ddtree_deploy.lab.topology import LabHost
 from ddtree_deploy.localproc import pid_alive
+from ddtree_lab.errors import LabError
+from ddtree_lab.fsguard import mounts_under, remove_tree
+from ddtree_lab.sysrun import sh
+from ddtree_lab.topology import LabHost
 
 
 def mount_overlay(lowers: list[Path], upper: Path, work: Path, merged: Path) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddtree_deploy.errors import LabError
+from ddtree_lab.errors import LabError
 
 DEFAULT_PATH = Path("/run/lock/ddtree-deploy-lab.lock")
 ENV_PATH = "DDTREE_LAB_LOCK"  # another path (tests use one of their own)

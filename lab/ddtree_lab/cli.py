@@ -35,8 +35,8 @@ def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
                 "unshaped again by `lab down` and by the next `lab up`"),
        ) -> None:
     """Bring the lab up (clearing leftovers of an earlier run first)."""
-    from ddtree_deploy.lab import manager
     from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_lab import manager
 
     with err.status("lab up ..."):
         hosts = manager.up(extra=extra, report=_say, wait_s=wait, link_rate=link_rate)
@@ -53,7 +53,7 @@ def down(purge: bool = typer.Option(False, "--purge",
          wait: float = typer.Option(0.0, "--wait", min=0, metavar="SECONDS", help=WAIT_HELP),
          ) -> None:
     """Take the lab down: no containers, mounts, namespaces or daemons are left."""
-    from ddtree_deploy.lab import manager
+    from ddtree_lab import manager
 
     removed = manager.down(purge=purge, report=_say, wait_s=wait)
     out.print(f"lab down: removed {len(removed)} items" if removed else "lab down: nothing to do")
@@ -62,8 +62,8 @@ def down(purge: bool = typer.Option(False, "--purge",
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """Show each lab host: container running, sshd answering."""
-    from ddtree_deploy.lab import manager
     from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_lab import manager
 
     rows = manager.status()
     if as_json:

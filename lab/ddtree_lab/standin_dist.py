@@ -18,7 +18,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from ddtree_deploy.errors import LabError
+from ddtree_lab.errors import LabError
 
 SOURCE = Path(__file__).resolve().parent / "standin_server"
 PACKAGE = "ddtree_lab_standin"

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ddtree_deploy.errors import LabError
-from ddtree_deploy.lab import standin_templates as tpl
-from ddtree_deploy.lab.elfstub import (
+from ddtree_lab import standin_templates as tpl
+from ddtree_lab.elfstub import (
     CU12_RPATH,
     CU13_RPATH,
     LibSpec,
@@ -37,6 +36,7 @@ from ddtree_deploy.lab.elfstub import (
     sglang_kernel_specs,
     torch_lib_specs,
 )
+from ddtree_lab.errors import LabError
 
 Lane = Literal["cu128", "cu130"]
 LANES: tuple[Lane, ...] = ("cu128", "cu130")

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 from ddtree_deploy.errors import UsageError
-from ddtree_deploy.lab.sysrun import sh
-from ddtree_deploy.lab.topology import LabHost
+from ddtree_lab.sysrun import sh
+from ddtree_lab.topology import LabHost
 
 NETNS_DIR = Path("/run/netns")
 PREFIX = "ddtl-"

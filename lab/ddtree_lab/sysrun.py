@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from ddtree_deploy.errors import LabError
+from ddtree_lab.errors import LabError
 
 
 def sh(

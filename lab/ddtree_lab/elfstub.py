@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddtree_deploy.errors import LabError
 from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
+from ddtree_lab.errors import LabError
 
 CSRC = Path(__file__).resolve().parent / "standin" / "csrc"
 

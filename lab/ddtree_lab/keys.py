@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddtree_deploy.lab.sysrun import sh
-from ddtree_deploy.lab.topology import LabHost
+from ddtree_lab.sysrun import sh
+from ddtree_lab.topology import LabHost
 
 
 def client_key(lab_dir: Path) -> Path:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ddtree_deploy.errors import LabError
-from ddtree_deploy.lab import standin_dist, standin_wheels
-from ddtree_deploy.lab.topology import REAL_WHEELS
+from ddtree_lab import standin_dist, standin_wheels
+from ddtree_lab.errors import LabError
+from ddtree_lab.topology import REAL_WHEELS
 
 LAB_PYTHON, LAB_GLIBC = "3.11.2", "2.36"  # Debian 12, the lab hosts' system
 

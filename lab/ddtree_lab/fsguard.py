@@ -14,7 +14,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from ddtree_deploy.errors import LabError
+from ddtree_lab.errors import LabError
 
 MOUNTINFO = "/proc/self/mountinfo"
 

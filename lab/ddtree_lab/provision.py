@@ -15,10 +15,10 @@ import os
 import shlex
 from pathlib import Path
 
-from ddtree_deploy.lab import container, standin_dist, standin_wheels
-from ddtree_deploy.lab.sysrun import sh
-from ddtree_deploy.lab.topology import CUDA_VERSION, LabHost
-from ddtree_deploy.lab.wheelhouse import expand
+from ddtree_lab import container, standin_dist, standin_wheels
+from ddtree_lab.sysrun import sh
+from ddtree_lab.topology import CUDA_VERSION, LabHost
+from ddtree_lab.wheelhouse import expand
 
 STANDIN_DIR = Path(__file__).resolve().parent / "standin"
 
