@@ -72,7 +72,8 @@ def test_a_bundle_runs_as_sent(tmp_path: Path) -> None:
 def test_build_cuts_internal_imports_and_ends_with_one_main(tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text("from __future__ import annotations\nX = 1\n")
     (tmp_path / "b.py").write_text(
-        "import sys\n\nfrom ddtree_deploy.remote.a import X\n\ndef main(argv):\n    print(X)\n    return 0\n"
+        "import sys\n\nfrom ddtree_deploy.remote.a import X\n\n"
+        "def main(argv):\n    print(X)\n    return 0\n"
         'if __name__ == "__main__":\n    main([])\n')
     b = bundle.Bundle("test", ("a.py", "b.py"))
     texts = [(tmp_path / p).read_text() for p in b.parts]

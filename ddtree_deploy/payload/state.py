@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ddtree_deploy.errors import ExitCode, RefusedError, RemoteCommandError
 from ddtree_deploy.payload.manifest import PACKAGE, check_name, check_rel, check_sha
-from ddtree_deploy.remote.payload import STATE_DIR, program
+from ddtree_deploy.remote.bundle import text
+from ddtree_deploy.remote.payload import STATE_DIR
 from ddtree_deploy.remote.runner import (
     RemoteScriptError,
     RemoteScriptTimeout,
@@ -38,6 +39,12 @@ def python_of(venv: str) -> str:
 
 def state_path(venv: str) -> str:
     return f"{venv.rstrip('/')}/{STATE_DIR}/payload.json"
+
+
+def program(request_json: str) -> bytes:
+    """The host-side script with its request appended (a Python string literal: no shell, no
+    argv)."""
+    return (text("payload.py") + f"\nmain({request_json!r})\n").encode()
 
 
 def _shown(text: str, limit: int = 200) -> str:

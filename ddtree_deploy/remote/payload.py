@@ -1,7 +1,8 @@
 """The payload's host side: one stdlib script run by the venv's own python (`python -I -`).
 
-The request is appended to the script as a literal (`main({...})`), so a whole install is one
-round trip. The script answers one JSON object: the result, {"refused": why} or
+payload/state.py sends this file with the request appended as a literal (`main({...})`), so a
+whole install is one round trip; importing it only defines (the workstation reads STATE_DIR).
+The script answers one JSON object: the result, {"refused": why} or
 {"error": why}. It trusts nothing it is sent or reads: every path it reads, writes or
 deletes is resolved (realpath) and must lie inside the venv (state, backups) or the target
 package (the payload's files) before it acts; a backup or package folder a request or the
@@ -22,18 +23,21 @@ Ops:
              payload added, clear __pycache__, check, then drop the state and the backup.
 """
 
-from __future__ import annotations
-
-STATE_DIR = ".ddtree-deploy"  # inside the venv: payload.json and backups/
-
-OPS = r'''
-import base64, hashlib, json, os, re, shutil, stat, sys, sysconfig
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+import sysconfig
 
 STATE_DIR = ".ddtree-deploy"
 MAX_DOC = 1 << 20
 MAX_FILE = 64 << 20
 PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
-REL = re.compile(r"^%s(?:/%s)*$" % (PART, PART))
+REL = re.compile(rf"^{PART}(?:/{PART})*$")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -49,13 +53,13 @@ def inside(path, root):
 def real_inside(path, root, what):
     real = os.path.realpath(path)
     if not inside(real, root):
-        raise Refused("%s %s resolves to %s, outside %s" % (what, path, real, root))
+        raise Refused(f"{what} {path} resolves to {real}, outside {root}")
     return real
 
 
 def rel_ok(rel):
     if not isinstance(rel, str) or not REL.match(rel) or ".." in rel.split("/"):
-        raise Refused("%r is not a plain relative path" % (rel,))
+        raise Refused(f"{rel!r} is not a plain relative path")
     return rel
 
 
@@ -65,21 +69,21 @@ def read_small(path, limit, what):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last part is a symlink
-            raise Refused("%s %s is a symlink" % (what, path))
+            raise Refused(f"{what} {path} is a symlink") from None
         raise
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise Refused("%s %s is not a regular file" % (what, path))
+            raise Refused(f"{what} {path} is not a regular file")
         if st.st_size > limit:
-            raise Refused("%s %s is larger than %d bytes" % (what, path, limit))
+            raise Refused(f"{what} {path} is larger than {limit:d} bytes")
         return fh.read(limit + 1)[:limit]
 
 
 class Venv:
     def __init__(self, package):
         if not isinstance(package, str) or not PACKAGE.match(package):
-            raise Refused("%r is not a package name" % (package,))
+            raise Refused(f"{package!r} is not a package name")
         self.prefix = os.path.realpath(sys.prefix)
         self.purelib = sysconfig.get_paths()["purelib"]
         real_inside(self.purelib, self.prefix, "site-packages")
@@ -95,7 +99,7 @@ class Venv:
 
     def need_pkg(self):
         if self.pkg is None:
-            raise Refused("%s has no package folder %s" % (sys.prefix, self.package))
+            raise Refused(f"{sys.prefix} has no package folder {self.package}")
         return self.pkg
 
     def target(self, rel):
@@ -112,10 +116,10 @@ class Venv:
         if stat.S_ISLNK(st.st_mode):
             real_inside(path, pkg, "the symlink")
             if not os.path.isfile(path):
-                raise Refused("the symlink %s does not lead to a regular file" % path)
+                raise Refused(f"the symlink {path} does not lead to a regular file")
             return path, "link"
         if not stat.S_ISREG(st.st_mode):
-            raise Refused("%s is not a regular file" % path)
+            raise Refused(f"{path} is not a regular file")
         return path, "file"
 
     def ensure_dir(self, root, parts):
@@ -126,7 +130,7 @@ class Venv:
                 os.mkdir(cur, 0o755)
             cur = real_inside(cur, root, "the folder")
             if not os.path.isdir(cur):
-                raise Refused("%s is not a folder" % cur)
+                raise Refused(f"{cur} is not a folder")
         return cur
 
     def recorded_backup(self, recorded):
@@ -137,17 +141,17 @@ class Venv:
         real = os.path.realpath(recorded)
         if os.path.dirname(real) != root \
                 or not NAME.match(os.path.basename(real)):
-            raise Refused("the state names backup folder %s, which is not this venv's (in %s)"
-                          % (recorded, self.backups))
+            raise Refused(f"the state names backup folder {recorded}, which is not this venv's "
+                          f"(in {self.backups})")
         if not os.path.isdir(real):
-            raise Refused("backup folder %s is missing" % recorded)
+            raise Refused(f"backup folder {recorded} is missing")
         return real
 
     def recorded_package(self, recorded):
         pkg = self.need_pkg()
         if not isinstance(recorded, str) or os.path.realpath(recorded) != pkg:
-            raise Refused("the state names package folder %r, which is not this venv's %s"
-                          % (recorded, pkg))
+            raise Refused(f"the state names package folder {recorded!r}, which is not this "
+                          f"venv's {pkg}")
         return pkg
 
 
@@ -171,7 +175,7 @@ def backup_manifest(bdir):
     if isinstance(doc, dict) and doc.get("format") == 2:
         doc = doc.get("originals")
     if not isinstance(doc, dict):
-        raise Refused("the backup manifest in %s is not a mapping" % bdir)
+        raise Refused(f"the backup manifest in {bdir} is not a mapping")
     out = {}
     for rel, e in doc.items():
         rel_ok(rel)
@@ -179,7 +183,7 @@ def backup_manifest(bdir):
             e = {"sha256": e, "link": None}
         if e is not None and not (isinstance(e, dict) and isinstance(e.get("sha256"), str)
                                   and isinstance(e.get("link"), (str, type(None)))):
-            raise Refused("the backup manifest in %s: %s has no valid entry" % (bdir, rel))
+            raise Refused(f"the backup manifest in {bdir}: {rel} has no valid entry")
         out[rel] = None if e is None else {"sha256": e["sha256"], "link": e.get("link")}
     return out
 
@@ -193,14 +197,14 @@ def backup_file(bdir, rel, e):
                                     "the backup folder of"), os.path.basename(rel))
     if e["link"] is not None:
         if not os.path.islink(path) or os.readlink(path) != e["link"]:
-            raise Refused("backup of %s is not the symlink it recorded" % rel)
+            raise Refused(f"backup of {rel} is not the symlink it recorded")
         return path
     read_small(path, MAX_FILE, "the backup of")  # a regular file, not a link out
     return path
 
 
 def write_atomic(path, data, mode=0o644):
-    tmp = "%s.ddtree-tmp-%d" % (path, os.getpid())
+    tmp = f"{path}.ddtree-tmp-{os.getpid():d}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -216,7 +220,7 @@ def write_atomic(path, data, mode=0o644):
 
 
 def link_atomic(path, text):
-    tmp = "%s.ddtree-tmp-%d" % (path, os.getpid())
+    tmp = f"{path}.ddtree-tmp-{os.getpid():d}"
     os.symlink(text, tmp)
     os.replace(tmp, path)
 
@@ -300,7 +304,7 @@ def op_read(req):
     for rel in req["rels"]:
         path, kind = v.target(rel)
         if kind is None:
-            raise Refused("%s is missing" % path)
+            raise Refused(f"{path} is missing")
         out[rel] = base64.b64encode(read_small(os.path.realpath(path), MAX_FILE,
                                                "file")).decode()
     return {"content": out}
@@ -332,7 +336,7 @@ def op_install(req):
     new = req.get("new_backup")
     if new is not None:
         if not NAME.match(new):
-            raise Refused("%r is not a backup folder name" % (new,))
+            raise Refused(f"{new!r} is not a backup folder name")
         bdir = os.path.join(backups, new)
         os.mkdir(bdir, 0o700)
         originals = {}
@@ -346,7 +350,7 @@ def op_install(req):
             path, kind = v.target(rel)
             have = entry_of(path, kind, v)
             if (have and have["sha256"]) != (e and e["sha256"]):
-                raise Refused("%s changed while the payload was being installed" % path)
+                raise Refused(f"{path} changed while the payload was being installed")
             if have is not None:
                 dest = v.ensure_dir(bdir, ["files"] + rel.split("/")[:-1])
                 dest = os.path.join(dest, os.path.basename(rel))
@@ -411,11 +415,5 @@ def main(text):
     except Refused as exc:
         out = {"refused": str(exc)}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        out = {"error": "%s: %s" % (type(exc).__name__, exc)}
+        out = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps({"ddtree_payload": 1, "result": out}) + "\n")
-'''
-
-
-def program(request_json: str) -> bytes:
-    """The script with its request appended (a Python string literal: no shell, no argv)."""
-    return (OPS + f"\nmain({request_json!r})\n").encode()
