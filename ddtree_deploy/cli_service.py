@@ -165,7 +165,7 @@ def _render_verdict(unit: str, verdict: Any) -> None:
               f"({verdict.warmup_s:.1f}s of it warming up): ", end="", highlight=False)
     out.print(plain(verdict.reason), markup=False, highlight=False)  # server text: never markup
     for m in verdict.diagnosis:
-        out.print(f"  [bold]{m.diagnosis}[/bold]", highlight=False)
+        out.print(f"  [bold]{esc(m.diagnosis)}[/bold]", highlight=False)  # may quote a log
         out.print(plain(f"    log: {m.line.strip()}"), markup=False, highlight=False)
         out.print(f"    fix: {m.remedy}", markup=False, highlight=False)
     if verdict.status != "healthy" and not verdict.diagnosis and verdict.log_tail:

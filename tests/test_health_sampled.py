@@ -77,6 +77,8 @@ class H(BaseHTTPRequestHandler):
                 time.sleep(stall)  # the sampling kernels compile on first use
             out = []
             for i in range(n):
+                if kernels and mode == "hang" and i == 5:
+                    time.sleep(stall)  # DFLASH's sampled verify on dummy weights: never returns
                 tok = 0 if mode == "nan" else 100 + (i * 7) % 50
                 out.append(tok)
                 meta = {"completion_tokens": i + 1, "prompt_tokens": 6}
@@ -181,6 +183,19 @@ def test_first_sampled_stall_is_warm_up_not_the_deadline(start: Any) -> None:
     assert v["http"]["sampled"]["first_token_s"] >= 4.0
     assert v["warmup_s"] >= 4.0 and v["warmup_budget_s"] == 60.0
     assert "warm-up" in v["reason"]
+
+
+def test_a_sampled_generation_stuck_mid_way_is_unhealthy_with_what_was_seen(start: Any) -> None:
+    """A real H200 DFLASH server on dummy weights gave 6 of 8 sampled tokens, then nothing
+    (rehearsal run 5): greedy had answered, so the verdict says the sampling path stalled."""
+    v = _probe(start("hang", stall=120.0), deadline=25.0, warmup_s=2.0)
+    assert v["status"] == "unhealthy" and v["exit_code"] == 1, v
+    assert v["reason"].startswith("the sampled generation gave 5 of 8 tokens"), v["reason"]
+    assert v["http"]["greedy"]["tokens"] == 16
+    hint = [d for d in v["diagnosis"] if d["id"] == "sampled-path-stalled"]
+    assert len(hint) == 1 and not hint[0]["fatal"]
+    assert "greedy requests answered" in hint[0]["diagnosis"]
+    assert "--warmup" in hint[0]["remedy"]
 
 
 def test_warm_up_budget_runs_out(start: Any) -> None:

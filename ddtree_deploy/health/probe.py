@@ -41,6 +41,16 @@ POLL_INTERVAL_S = 0.3
 GENERATE_TOKENS = 16
 SAMPLE_TOKENS = 8
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+# Said when the sampled generation stopped mid-way while the greedy one had answered: what the
+# GPU rehearsal saw on a real H200 (benchmarks/RESULTS.md, runs 5-7).
+SAMPLED_STALL_HINT = (
+    "greedy requests answered, so the server's sampling path stalled. Seen with SGLang 0.5.11's "
+    "DFLASH: its sampled verify never returned on dummy (near-uniform) weights, keeping the GPU "
+    "busy until the server was stopped; and the first sampled request after a start took "
+    "~100 s while sgl-kernel's top_k_renorm_prob loaded (once per host and HOME: the probe's "
+    "warm-up budget covers it)")
+SAMPLED_STALL_REMEDY = ("serve the model's real weights, or probe again with a longer --warmup; "
+                        "`ddtree-deploy probe HOST [SERVICE] --warmup 600`")
 WARMUP_S = 300.0  # default warm-up budget: waits for first tokens (JIT compiles)
 GEN_LIMIT_S = 20.0  # one short generation never waits longer than this after its first token
 MIN_TOK_PER_S = 2.0  # below this, with far fewer tokens than asked: unhealthy
@@ -445,8 +455,12 @@ class _Probe:
             what = "greedy" if kind == "greedy" else "sampled"
             if kind == "sampled":
                 why = why.replace("the generation", "the sampled generation")
-            return self.verdict("unhealthy", why if kind == "greedy" else
-                                f"{why} ({what}: {json.dumps(SAMPLING)})")
+            verdict = self.verdict("unhealthy", why if kind == "greedy" else
+                                   f"{why} ({what}: {json.dumps(SAMPLING)})")
+            if kind == "sampled" and gen.get("timed_out") and "greedy" in self.done:
+                verdict.diagnosis.append(Match("sampled-path-stalled", why, SAMPLED_STALL_HINT,
+                                               SAMPLED_STALL_REMEDY, fatal=False))
+            return verdict
         self.done[kind] = gen
         return self.verdict("healthy", "")
 
