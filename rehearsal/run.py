@@ -495,10 +495,17 @@ def bench(r: Rehearsal) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
-    runs = (("bench-ladder", m / "ladder", False, "synthetic: designed weights (ladder)"),
-            ("bench-dummy", m / "dummy", True, "synthetic: dummy weights"))
+    # DFLASH is left out on dummy weights: its sampled verify never returned there (run 5), so
+    # the probe of that configuration would hang the GPU for the rest of the sweep.
+    same_grid = ["--concurrency", "1,8", "--sampling", "greedy,sampled", "--workloads",
+                 "code,json,agentic", "--requests", "8", "--max-new-tokens", "64",
+                 "--time-limit", "30", "--warmup-requests", "1", "--prompts", "ids"]
+    runs = (("bench-ladder", m / "ladder", False, "synthetic: designed weights (ladder)",
+             ["--grid", str(grid)]),
+            ("bench-dummy", m / "dummy", True, "synthetic: dummy weights",
+             ["--configs", "none,ddtree:15/8,ddtree:31/8", *same_grid]))
     out = r.result.setdefault("bench", {})
-    for i, (name, models, dummy, label) in enumerate(runs):
+    for i, (name, models, dummy, label, grid_args) in enumerate(runs):
         if r.left() < 200:
             r.result["not_run"].append({"step": f"bench {name}", "why": f"{r.left():.0f} s left"})
             continue
@@ -506,8 +513,8 @@ def bench(r: Rehearsal) -> None:
                         extra=("--cuda-graph-max-bs", "8", "--max-running-requests", "16"))
         hosts = hosts_file(server, str(VENV), r.logs)
         results = folder / f"{name}.json"
-        argv = [str(r.cli), "--hosts", str(hosts), "bench", "localhost", name, "--grid",
-                str(grid), "--mode", "plain", "--force", "--yes", "--results", str(results),
+        argv = [str(r.cli), "--hosts", str(hosts), "bench", "localhost", name, *grid_args,
+                "--mode", "plain", "--force", "--yes", "--results", str(results),
                 "--deadline", "240", "--warmup", "200", "--label", label, "--json"]
         t0 = time.monotonic()
         with open(r.logs / f"tool-{name}.out", "w") as log:
