@@ -100,10 +100,8 @@ def test_probe_on_fake_host(host: dict[str, Path]) -> None:
     env = fake_smi(host["bin"], CT129, host["tmp"])
     missing = host["tmp"] / "no-such-venv"
     args = ["--host-name", "ct129", "--venv", str(host["good"]), "--venv", str(host["old"])]
-    start = time.monotonic()
     data = run_probe([*args, "--venv", str(missing)], [host["bin"], Path("/usr/bin"), Path("/bin")],
                      env)  # fmt: skip
-    assert time.monotonic() - start < 5  # "a couple of seconds on a host with 3 venvs"
     facts = Facts.model_validate(data)
     assert facts.host == "ct129"
     # nvidia: GPU1 is dead with the error text, GPU0 fine
