@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: install, lint, type-check, then every test (the lab tests included).
-# The lab is taken down at the end even when tests fail. Each stage prints its seconds.
+# The whole test suite: install, lint, type-check, then every test, tier by tier (unit,
+# integration, lab; tests/tiers.py says what puts a test in each). The lab is taken down at the
+# end even when tests fail. Each stage prints its seconds, each tier its test count, and the
+# tiers' union is checked to be the whole collection, so no test drops out of CI.
+# Extra arguments go to every pytest run (e.g. -x, -k EXPR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage() { local name=$1 t0=$SECONDS; shift; "$@"; echo "tier $name: $((SECONDS - t0)) s"; }
@@ -8,4 +11,33 @@ stage setup bash scripts/setup.sh
 trap '.venv/bin/ddtree-deploy lab down >/dev/null 2>&1 || true' EXIT
 stage ruff .venv/bin/ruff check .
 stage mypy .venv/bin/mypy
-stage pytest .venv/bin/pytest -q -p no:cacheprovider "$@"
+
+manifests=$(mktemp -d)
+trap '.venv/bin/ddtree-deploy lab down >/dev/null 2>&1 || true; rm -rf "$manifests"' EXIT
+pytest=(.venv/bin/pytest -q -p no:cacheprovider)
+collect() { "${pytest[@]}" --collect-only --tier-manifest="$manifests/all" "$@" >/dev/null; }
+stage collect collect "$@"
+
+failed=()
+for tier in unit integration lab; do
+  t0=$SECONDS rc=0
+  "${pytest[@]}" -m "$tier" --tier-manifest="$manifests/$tier" "$@" || rc=$?
+  [ "$rc" -eq 5 ] && rc=0  # no test of this tier selected (by -k, or none exists)
+  touch "$manifests/$tier"
+  echo "tier $tier: $((SECONDS - t0)) s, $(wc -l <"$manifests/$tier") tests"
+  [ "$rc" -eq 0 ] || failed+=("$tier")
+done
+
+# Every collected test ran in exactly one tier, and in the tier the collection gave it.
+if ! cmp -s <(sort "$manifests/all") <(sort "$manifests/unit" "$manifests/integration" \
+                                           "$manifests/lab"); then
+  echo "tiers: their union is not the whole collection:" >&2
+  diff <(sort "$manifests/all") <(sort "$manifests"/unit "$manifests"/integration \
+                                       "$manifests"/lab) >&2 || true
+  exit 1
+fi
+echo "tiers: $(wc -l <"$manifests/all") tests, each in one tier"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed tiers: ${failed[*]}" >&2
+  exit 1
+fi

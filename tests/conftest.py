@@ -9,10 +9,66 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tiers
 from sshd_fixture import Sshd, sshd_available
 
 from ddtree_deploy.config import Config, load_config
 from ddtree_deploy.resources import embedded_hosts_file
+
+# -- tiers (tests/tiers.py): unit, integration, lab -------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--tier-manifest", metavar="FILE",
+                     help="write each selected test's tier and id to FILE (scripts/test.sh)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the tier markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.mark(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    manifest = session.config.getoption("--tier-manifest")
+    if manifest:
+        tiers.write_manifest(manifest, session.items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in (("unit", "pure: no sshd, venvs, real wheels, compiler, subprocess "
+                                "servers or lab"),
+                       ("integration", "sshd, venvs, real wheels, compiled stand-ins, "
+                                       "subprocess servers"),
+                       ("lab", "the systemd-nspawn lab and its machinery")):
+        config.addinivalue_line("markers", f"{tier}: tier ({what}); set by tests/tiers.py")
+    config.stash[_GUARD] = tiers.UnitGuard()
+
+
+_GUARD = pytest.StashKey["tiers.UnitGuard"]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    guard = item.config.stash[_GUARD]
+    guard.current = [] if item.stash.get(tiers.TIER, None) == "unit" else None
+    try:
+        yield
+    finally:
+        guard.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    guard = item.config.stash[_GUARD]
+    if guard.current and report.when in ("setup", "call") and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"a unit test started {', '.join(sorted(set(guard.current)))}: "
+                           "unit tests start no process (tests/tiers.py: a fixture, marker or "
+                           "module entry puts it in integration)")
+    if guard.current is not None:
+        guard.current.clear()
 
 
 def lab_possible() -> str | None:

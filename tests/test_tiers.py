@@ -1,0 +1,79 @@
+"""The tiers (tests/tiers.py): a test's tier from what it uses, refused when its markers
+contradict it; the unit guard names the program a unit test started."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import conftest
+import pytest
+import tiers
+
+
+def sshd() -> None:  # a fixture function of the same name as conftest's, defined in this file
+    pass
+
+
+def _item(module: str = "test_x.py", fixtures: dict[str, Callable[..., Any]] | None = None,
+          markers: tuple[str, ...] = (), function: str = "test_it", case: str = "") -> Any:
+    fixtures = fixtures or {}
+    marks = [getattr(pytest.mark, m).mark for m in markers]
+    return SimpleNamespace(
+        nodeid=f"tests/{module}::{function}{case}", path=Path("tests") / module,
+        name=function + case, originalname=function,
+        fixturenames=list(fixtures),
+        _fixtureinfo=SimpleNamespace(
+            name2fixturedefs={n: [SimpleNamespace(func=f)] for n, f in fixtures.items()}),
+        iter_markers=lambda: iter(marks))
+
+
+CONFTEST = conftest.lab_possible  # any function defined in tests/conftest.py
+
+
+def test_a_test_using_nothing_heavy_is_a_unit_test() -> None:
+    assert tiers.tier_of(_item(fixtures={"tmp_path": lambda: None})) == "unit"
+
+
+def test_fixtures_markers_and_modules_give_the_heavier_tiers() -> None:
+    assert tiers.tier_of(_item(fixtures={"sshd": CONFTEST})) == "integration"
+    assert tiers.tier_of(_item(markers=("slow",))) == "integration"
+    assert tiers.tier_of(_item(fixtures={"lab_session": CONFTEST, "sshd": CONFTEST})) == "lab"
+    assert tiers.tier_of(_item(module="test_lab_guard.py")) == "lab"
+    assert tiers.tier_of(_item(module="test_installer.py")) == "integration"
+    one = ("test_units.py", "test_verify_fails_on_a_bad_directive")  # in INTEGRATION_TESTS
+    assert tiers.tier_of(_item(module=one[0], function=one[1], case="[x]")) == "integration"
+    assert tiers.tier_of(_item(module=one[0], function="test_other")) == "unit"
+
+
+def test_a_fixture_is_known_by_the_file_that_defines_it() -> None:
+    assert tiers.tier_of(_item(fixtures={"sshd": sshd})) == "unit"
+
+
+def test_a_tier_marker_may_only_make_a_test_heavier() -> None:
+    assert tiers.tier_of(_item(markers=("integration",))) == "integration"
+    with pytest.raises(pytest.UsageError, match=r"marked unit, but what it uses puts it in "
+                                                r"integration"):
+        tiers.tier_of(_item(fixtures={"sshd": CONFTEST}, markers=("unit",)))
+    with pytest.raises(pytest.UsageError, match="in two tiers"):
+        tiers.tier_of(_item(markers=("unit", "lab")))
+
+
+def test_this_test_is_marked_unit(request: pytest.FixtureRequest) -> None:
+    marks = {m.name for m in request.node.iter_markers()} & set(tiers.TIERS)
+    assert marks == {"unit"}
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["/usr/sbin/sshd", "-D", "-f", "cfg"], "sshd"),
+    (["/v/bin/python3", "-m", "venv", "/tmp/v"], "python3 -m venv"),
+    (["/v/bin/python", "-I", "-m", "pip", "download", "x"], "python -m pip"),
+    ([b"/usr/bin/gcc", b"-shared"], "gcc"),
+    ("ssh -O exit host", "ssh"),
+    (["/bin/sh", "-c", "true"], "sh"),
+    ([], None),
+])
+def test_the_unit_guard_names_the_program(argv: Any, named: str | None) -> None:
+    assert tiers.UnitGuard._what(argv) == named
