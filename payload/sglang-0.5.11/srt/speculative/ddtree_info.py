@@ -8,8 +8,9 @@ rest are freed, and the target hidden states of the accepted path feed the draft
 Verification is exact: a greedy request follows the target's argmax; a sampled one follows the
 target's own sample at every slot (``ddtree_sampling``: temperature, top-k, top-p, min-p as the
 request asks), so DDTREE's output distribution is the target's, as DFLASH's is. The one
-device-to-host copy per round is the packed accepted tokens, which the scheduler needs on the host
-anyway (as DFlash).
+device-to-host copy per round is the packed accepted tokens and path, which the scheduler needs on
+the host anyway (as DFlash); the KV bookkeeping then uses one host-to-device copy of the slot
+order computed from them (no device-side masks or sorts).
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from sglang.srt.speculative.ddtree_sampling import sample_tokens
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.ddtree_verify import (
     TreeRound,
+    block_order,
     finish_round,
-    keep_mask,
-    select_first,
     tree_custom_mask,
 )
 from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func
@@ -60,8 +60,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             return
         assert self.tree_round is not None
         n = self.draft_token_num
-        total = int((batch.seq_lens_cpu.to(torch.int64) + n).sum()) * n  # host lengths only
-        self.custom_mask = tree_custom_mask(self.tree_round.inputs.mask, batch.seq_lens, total)
+        lens = batch.seq_lens_cpu  # host lengths only
+        total = (int(lens.sum()) + n * int(lens.shape[0])) * n
+        self.custom_mask = tree_custom_mask(self.tree_round.inputs.mask, lens, total)
 
     def _apply_penalties(self, batch: ScheduleBatch, logits: torch.Tensor, bs: int) -> None:
         info = batch.sampling_info
@@ -115,12 +116,17 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         result = finish_round(self.tree_round, target)
 
         steps = result.new_tokens.shape[1]
-        packed = torch.cat([result.new_tokens, result.walk.num_accepted.unsqueeze(1)], 1).cpu()
+        # The one device-to-host copy: per request the new tokens, the accepted path's slots and
+        # the accept count; everything after it on the host reads these lists.
+        packed = torch.cat(
+            [result.new_tokens, result.keep_slots, result.walk.num_accepted.unsqueeze(1)], 1
+        ).cpu().tolist()
         commit_cpu: List[int] = []
         accepted_cpu: List[int] = []
         verified: List[int] = []
         for i, req in enumerate(batch.reqs):
-            proposed = packed[i, : int(packed[i, steps]) + 1].tolist()
+            row = packed[i]
+            proposed = row[: row[2 * steps] + 1]
             appended = 0
             for token_id in proposed:
                 req.output_ids.append(int(token_id))
@@ -139,21 +145,24 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += accepted_cpu[-1]
 
-        commit_lens = torch.tensor(commit_cpu, dtype=torch.int32, device=device)
+        # One host-to-device copy: commit lengths, the new verified ids and the block's slot
+        # order (the kept slots in path order, then the freed ones: ``block_order``).
         committed = sum(commit_cpu)
-        slots = result.keep_slots
-        kept = keep_mask(slots, commit_lens, n)  # [bs, N]
-        along = torch.arange(steps, device=device).expand(bs, steps) < commit_lens.unsqueeze(1)
+        order = block_order([row[steps : 2 * steps] for row in packed], commit_cpu, n)
+        staged = torch.tensor(commit_cpu + verified + order, dtype=torch.int64, device=device)
+        commit_lens = staged[:bs].to(torch.int32)
+        new_verified_id = staged[bs : 2 * bs]
+        slots = staged[2 * bs :]
 
-        out_cache_loc = batch.out_cache_loc.view(bs, n)
-        batch.token_to_kv_pool_allocator.free(select_first(out_cache_loc, ~kept, bs * n - committed))
-        ordered = out_cache_loc.gather(1, slots.clamp(min=0))
-        batch.out_cache_loc = select_first(ordered, along, committed)
+        locs = batch.out_cache_loc.view(bs * n)[slots]
+        batch.token_to_kv_pool_allocator.free(locs[committed:])
+        batch.out_cache_loc = locs[:committed]
 
         for req, length in zip(batch.reqs, commit_cpu, strict=True):
             req.kv_committed_len += length
             req.kv_allocated_len = req.kv_committed_len
-        end_offset = batch.seq_lens + commit_lens.to(batch.seq_lens.dtype)
+        grown = staged[:bs].to(batch.seq_lens.dtype)
+        end_offset = batch.seq_lens + grown
         assign_req_to_token_pool_func(
             batch.req_pool_indices,
             batch.req_to_token_pool.req_to_token,
@@ -162,18 +171,13 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             batch.out_cache_loc,
             bs,
         )
-        batch.seq_lens.add_(commit_lens.to(batch.seq_lens.dtype))
+        batch.seq_lens.add_(grown)
         batch.seq_lens_cpu.add_(torch.tensor(commit_cpu, dtype=batch.seq_lens_cpu.dtype))
         batch.seq_lens_sum += committed
 
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
-        hidden = hidden.view(bs, n, -1)
-        path_hidden = hidden.gather(
-            1, slots.clamp(min=0).unsqueeze(2).expand(bs, steps, hidden.shape[2])
-        )
-        next_target_hidden = select_first(path_hidden, along, committed)
+        next_target_hidden = hidden.view(bs * n, -1)[slots[:committed]]
         logits_output.hidden_states = None
-        new_verified_id = torch.tensor(verified, dtype=torch.int64, device=device)
         return new_verified_id, commit_lens, next_target_hidden, accepted_cpu

@@ -6,7 +6,8 @@ where the full tree is still built and scored), compiles the verify inputs, take
 token after every slot, walks the tree and says which verify-block slots to keep, in path order.
 
 Everything here is batched torch with shapes fixed by (batch, budget, depths, top-k); nothing
-reads device values on the host. Imports: torch and the DDTree core only.
+reads device values on the host (``block_order`` and ``tree_custom_mask`` take host-side lists
+and lengths). Imports: torch and the DDTree core only.
 """
 
 from __future__ import annotations
@@ -33,19 +34,31 @@ TargetFn = Callable[[VerifyInputs], Tensor]
 
 @dataclass(frozen=True)
 class TreeRound:
-    """A planned round: the tree that is verified, its inputs and the scored full tree."""
+    """A planned round: the tree that is verified, its inputs and the scored full tree.
+
+    The draft-expected accepts are diagnostics, computed when read (no kernels otherwise).
+    """
 
     tree: DDTree  # verified: the DDTree (full-tree) or the top-1 chain (shadow-linear)
     inputs: VerifyInputs
     scored: DDTree  # the full DDTree, built and scored in both modes
-    expected_accept: Tensor  # [bs] float32: draft-expected accepted tokens of the scored tree
-    chain_expected_accept: Tensor | None  # [bs] float32: the same for the top-1 chain, if scored
+    chain: DDTree | None  # the top-1 chain, if built (shadow-linear, or score_chain)
     shadow_linear: bool
 
     @property
     def width(self) -> int:
         """Verify-block width N (tokens per request in the target pass)."""
         return int(self.tree.tokens.shape[1])
+
+    @property
+    def expected_accept(self) -> Tensor:
+        """[bs] float32: draft-expected accepted tokens of the scored tree."""
+        return expected_accept(self.scored)
+
+    @property
+    def chain_expected_accept(self) -> Tensor | None:
+        """[bs] float32: the same for the top-1 chain; None where the chain was not built."""
+        return None if self.chain is None else expected_accept(self.chain)
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,12 @@ class RoundResult:
 
     walk: WalkResult
     keep_slots: Tensor  # [bs, D + 1] verify-block slots along the accepted path, root first, -1 pad
-    commit_lens: Tensor  # [bs] int64: accepted drafts + 1 (root + accepted draft tokens)
     new_tokens: Tensor  # [bs, D + 1] accepted draft tokens then the bonus, -1 pad
+
+    @property
+    def commit_lens(self) -> Tensor:
+        """[bs] int64: accepted drafts + 1 (root + accepted draft tokens); computed when read."""
+        return self.walk.num_accepted + 1
 
 
 def chain_tree(top_logprobs: Tensor, top_tokens: Tensor, root_tokens: Tensor) -> DDTree:
@@ -98,24 +115,14 @@ def plan_round(
     tree = chain if shadow_linear and chain is not None else scored
     inputs = compile_tree(tree, start_positions, pad_token_id=pad_token_id)
     return TreeRound(
-        tree=tree,
-        inputs=inputs,
-        scored=scored,
-        expected_accept=expected_accept(scored),
-        chain_expected_accept=None if chain is None else expected_accept(chain),
-        shadow_linear=shadow_linear,
+        tree=tree, inputs=inputs, scored=scored, chain=chain, shadow_linear=shadow_linear
     )
 
 
 def finish_round(plan: TreeRound, target_tokens: Tensor) -> RoundResult:
     """Walk the verified tree with the target's per-slot tokens ``[bs, N]``."""
     walk = walk_tree(plan.tree, target_tokens, plan.inputs.mask)
-    return RoundResult(
-        walk=walk,
-        keep_slots=walk.path,
-        commit_lens=walk.num_accepted + 1,
-        new_tokens=walk.new_tokens,
-    )
+    return RoundResult(walk=walk, keep_slots=walk.path, new_tokens=walk.new_tokens)
 
 
 def verify_round(
@@ -170,24 +177,40 @@ def select_first(values: Tensor, keep: Tensor, count: int) -> Tensor:
     return values.reshape(-1, *values.shape[keep.dim() :])[order[:count]]
 
 
+def block_order(paths: list[list[int]], commit_lens: list[int], width: int) -> list[int]:
+    """Host-side order of a verify block's ``bs * width`` flat slots: per request the first
+    ``commit_lens[b]`` slots of its accepted path (``paths[b]``, root first), then every other
+    slot of every request in slot order. So ``order[:sum(commit_lens)]`` are the slots whose KV
+    is kept, in path order, and the rest are the slots to free: what :func:`keep_mask` and
+    :func:`select_first` give on the device, computed from the lists the host already holds.
+    """
+    kept: list[int] = []
+    freed: list[int] = []
+    for b, (path, length) in enumerate(zip(paths, commit_lens, strict=True)):
+        base = b * width
+        taken = path[:length]
+        kept.extend(base + slot for slot in taken)
+        skip = set(taken)
+        freed.extend(base + slot for slot in range(width) if slot not in skip)
+    return kept + freed
+
+
 def tree_custom_mask(mask: Tensor, prefix_lens: Tensor, total: int) -> Tensor:
     """SGLang's flattened verify mask for a tree: per request, rows = the N tree slots, columns =
     the committed prefix then the N tree slots; True = may attend. ``total`` is
-    ``sum(N * (prefix_len + N))``, computed by the caller from host-side lengths.
+    ``sum(N * (prefix_len + N))``; ``prefix_lens`` are host-side lengths (``seq_lens_cpu``: they
+    are read on the host, and the row offsets go to the device in one copy).
     """
     bs, n, _ = mask.shape
     dev = mask.device
-    lens = prefix_lens.to(device=dev, dtype=torch.long)
-    row_len = lens + n  # [bs]
-    starts = torch.cumsum(n * row_len, dim=0) - n * row_len  # [bs]
-    rows = torch.arange(n, device=dev)
-    cols = torch.arange(n, device=dev)
-    index = (
-        starts.view(bs, 1, 1)
-        + rows.view(1, n, 1) * row_len.view(bs, 1, 1)
-        + lens.view(bs, 1, 1)
-        + cols.view(1, 1, n)
-    )
+    offsets: list[int] = []  # flat index of (request b, row i, tree column 0)
+    start = 0
+    for length in prefix_lens.tolist():
+        row_len = int(length) + n
+        offsets.extend(start + int(length) + i * row_len for i in range(n))
+        start += n * row_len
+    rows = torch.tensor(offsets, dtype=torch.long, device=dev).view(bs, n, 1)
+    index = rows + torch.arange(n, device=dev).view(1, 1, n)
     flat = torch.ones(total, dtype=torch.bool, device=dev)
     flat.scatter_(0, index.reshape(-1), mask.reshape(-1))
     return flat

@@ -44,8 +44,9 @@ class DDTreeWorker(DFlashWorker):
         draft_args.speculative_num_draft_tokens = ddtree_draft_block_size(server_args)
         super().__init__(draft_args, *args, **kwargs)
         self.server_args = server_args
-        # The chain's expected accept beside the tree's, each round: a diagnostic (it builds and
-        # scores DFlash's chain too), so only when asked; shadow-linear verifies the chain anyway.
+        # The draft-expected accepts of the tree and of DFlash's chain, summed each round
+        # (``ddtree_stats``): a diagnostic that builds and scores the chain too and costs kernels
+        # every round, so only when asked, and in shadow-linear mode (which exists to score).
         self.ddtree_score_chain = self.ddtree_shadow_linear or os.environ.get(
             "SGLANG_DDTREE_SCORE_CHAIN", ""
         ) not in ("", "0")
@@ -89,14 +90,20 @@ class DDTreeWorker(DFlashWorker):
         tp_size = int(tp_group.world_size)
         k = self.ddtree_topk
         if tp_size == 1:
+            # The head's logits go to draft_topk in their own dtype: it works in float32 (the
+            # Triton kernel converts on load, the torch path with .float()), so no float32 copy
+            # of [rows, vocab] is made here. One chunk (the usual case) needs no concatenation.
             parts = [
-                draft_topk(
-                    torch.matmul(states[lo:hi].to(weight.dtype), weight.T).float().unsqueeze(0), k
-                )
+                draft_topk(torch.matmul(states[lo:hi].to(weight.dtype), weight.T).unsqueeze(0), k)
                 for lo, hi in row_chunks(bs * depths, num_org)
             ]
-            logprobs = torch.cat([p[0][0] for p in parts], 0)
-            tokens = torch.cat([p[1][0] for p in parts], 0) + start
+            if len(parts) == 1:
+                logprobs, tokens = parts[0][0][0], parts[0][1][0]
+            else:
+                logprobs = torch.cat([p[0][0] for p in parts], 0)
+                tokens = torch.cat([p[1][0] for p in parts], 0)
+            if start:
+                tokens = tokens + start
             k = logprobs.shape[-1]
             return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
 
@@ -144,6 +151,9 @@ class DDTreeWorker(DFlashWorker):
         self._record(plan)
 
     def _record(self, plan: TreeRound) -> None:
+        self._rounds += int(plan.tree.tokens.shape[0])
+        if not self.ddtree_score_chain:
+            return
         tree = plan.expected_accept.sum()
         if self._tree_expected is None:
             self._tree_expected = tree
@@ -155,10 +165,12 @@ class DDTreeWorker(DFlashWorker):
                 self._chain_expected = chain
             else:
                 self._chain_expected.add_(chain)
-        self._rounds += int(plan.tree.tokens.shape[0])
 
     def ddtree_stats(self) -> Dict[str, float]:
-        """Draft-expected accepted tokens per request-round, tree vs chain (syncs; not hot path)."""
+        """Draft-expected accepted tokens per request-round, tree vs chain (syncs; not hot path).
+
+        Recorded in shadow-linear mode or with SGLANG_DDTREE_SCORE_CHAIN set; otherwise the
+        expectations are 0 (the round count is kept)."""
         if not self._rounds or self._tree_expected is None:
             return {"rounds": 0.0, "tree_expected_accept": 0.0, "chain_expected_accept": 0.0}
         chain = self._chain_expected
