@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import random
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hang_guard import kill_left, running, wait_none_running
 from probe_venvs import (
     broken_objects,
     ddtree_spec_text,
@@ -205,27 +207,30 @@ def test_cuda_version_from_libcuda_spares_the_summary_table(host: dict[str, Path
 
 
 def test_a_stuck_nvml_leaves_the_rest_of_the_probe(host: dict[str, Path]) -> None:
-    """NVML that hangs (the lab's libnvidia-ml told to take 8 s, as a driver stuck on a failed
-    GPU can): the probe answers after its 5 s bound with every other part, and the child left
-    behind holds none of the probe's output open."""
+    """NVML that hangs (the lab's libnvidia-ml told to take 600 s, as a driver stuck on a
+    failed GPU can): the probe answers after its 5 s bound with every other part, and the child
+    left behind holds none of the probe's output open (else run_probe would wait for it, past
+    its own 60 s limit)."""
     from ddtree_lab.standin_wheels import build_libnvml
 
     env = fake_smi(host["bin"], CT129, host["tmp"])
     libs = host["tmp"] / "driver-libs"
     libs.mkdir()
     build_libnvml(libs / "libnvidia-ml.so.1")
-    start = time.monotonic()
-    facts = Facts.model_validate(run_probe(
-        ["--venv", str(host["good"])], [host["bin"], Path("/usr/bin"), Path("/bin")],
-        {**env, "LD_LIBRARY_PATH": str(libs), "DDTREE_LAB_NVML_HANG": "8"}))
-    assert time.monotonic() - start < 7.5
-    assert facts.nvidia.source == "nvml" and not facts.nvidia.present
-    assert facts.nvidia.error == "NVML did not answer within 5s"
-    venv = facts.venv(str(host["good"]))
-    assert venv is not None and venv.torch is not None and venv.torch.cuda == "13.0"
-    normal = Facts.model_validate(run_probe(
-        [], [host["bin"], Path("/usr/bin"), Path("/bin")], {**env, "LD_LIBRARY_PATH": str(libs)}))
-    assert normal.nvidia.source == "nvml" and normal.nvidia.gpus[1].dead
+    try:
+        facts = Facts.model_validate(run_probe(
+            ["--venv", str(host["good"])], [host["bin"], Path("/usr/bin"), Path("/bin")],
+            {**env, "LD_LIBRARY_PATH": str(libs), "DDTREE_LAB_NVML_HANG": "600"}))
+        assert facts.nvidia.source == "nvml" and not facts.nvidia.present
+        assert facts.nvidia.error == "NVML did not answer within 5s"
+        venv = facts.venv(str(host["good"]))
+        assert venv is not None and venv.torch is not None and venv.torch.cuda == "13.0"
+        normal = Facts.model_validate(run_probe(
+            [], [host["bin"], Path("/usr/bin"), Path("/bin")],
+            {**env, "LD_LIBRARY_PATH": str(libs)}))
+        assert normal.nvidia.source == "nvml" and normal.nvidia.gpus[1].dead
+    finally:
+        kill_left(running(str(host["good"])))  # the probe's child left behind in nvmlInit
 
 
 def test_nvidia_smi_failing_entirely(host: dict[str, Path]) -> None:
@@ -241,12 +246,15 @@ def test_nvidia_smi_failing_entirely(host: dict[str, Path]) -> None:
 def test_hanging_nvidia_smi_is_bounded(host: dict[str, Path]) -> None:
     host["bin"].mkdir()
     smi = host["bin"] / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nexec sleep 30\n")
+    token = f"{600 + random.random():.6f}"  # far past run_probe's own 60 s limit
+    smi.write_text(f"#!/bin/sh\nexec sleep {token}\n")
     smi.chmod(0o755)
-    start = time.monotonic()
-    facts = Facts.model_validate(run_probe([], [host["bin"], Path("/usr/bin"), Path("/bin")]))
-    assert time.monotonic() - start < 15
-    assert facts.nvidia.error and "did not finish within 5s" in facts.nvidia.error
+    try:
+        facts = Facts.model_validate(run_probe([], [host["bin"], Path("/usr/bin"), Path("/bin")]))
+        assert facts.nvidia.error and "did not finish within 5s" in facts.nvidia.error
+        wait_none_running(f"sleep {token}", "the hanging nvidia-smi")  # killed, not left
+    finally:
+        kill_left(running(f"sleep {token}"))
 
 
 def test_discover_finds_venvs_under_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
