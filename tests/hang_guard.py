@@ -71,7 +71,8 @@ def running(token: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if token.encode() in (entry / "cmdline").read_bytes() and not gone(int(entry.name)):
+            words = (entry / "cmdline").read_bytes().replace(b"\0", b" ")  # as pgrep -f
+            if token.encode() in words and not gone(int(entry.name)):
                 found.append(int(entry.name))
     return found
 
