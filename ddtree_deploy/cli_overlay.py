@@ -98,7 +98,7 @@ def overlay(
         return
     with RichProgress(lambda: rich_console(err)) as progress:  # rich only once bytes move
         fleet = run_fleet(config, lane, targets, cache=cache, progress=progress,
-                          on_status=lambda s: None)
+                          on_status=lambda s: None, densify=True)
     for r in fleet.targets:
         FactsCache().drop(config.host(r.host))
     if len(targets) == 1 and fleet.failed:

@@ -186,12 +186,36 @@ def test_corrupted_byte_in_transit_to_target_is_caught(
     monkeypatch.setattr(BlobCache, "open", flipping)
     staging = tmp_path / STAGE
     with pytest.raises(IntegrityError, match=r"1 file\(s\) did not arrive intact"):
-        push(host, str(staging), files, cache, python=PY)
+        push(host, str(staging), files, cache, python=PY, compress=False)
     assert big.sha256 not in _staged(staging)
     assert len(_staged(staging)) == len({f.sha256 for f in files}) - 1
     monkeypatch.setattr(BlobCache, "open", real_open)
-    fixed = push(host, str(staging), files, cache, python=PY)
+    fixed = push(host, str(staging), files, cache, python=PY, compress=False)
     assert fixed.files == 1 and fixed.payload == big.size
+
+
+def test_damaged_cached_frame_sent_as_stored_is_caught_and_dropped(
+    venv, cache: BlobCache, tmp_path: Path
+) -> None:
+    """A compressed push sends the cache's frames unread: the target's hash catches a damaged
+    one, and the workstation then drops it from its cache, so a re-run fetches it afresh."""
+    sp, files = venv
+    host = LocalTransport()
+    fetch(host, str(sp), files, cache, python=PY)
+    big = files[0]  # random bytes: stored nearly as a copy, so a flipped byte decodes wrongly
+    blob = cache.path_for(big.sha256)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    blob.write_bytes(bytes(data))
+    staging = tmp_path / STAGE
+    with pytest.raises(IntegrityError, match=r"1 file\(s\) did not arrive intact"):
+        push(host, str(staging), files, cache, python=PY)
+    assert big.sha256 not in _staged(staging)
+    assert not cache.has(big.sha256)  # verified after the target refused it: removed
+    fetch(host, str(sp), files, cache, python=PY)
+    fixed = push(host, str(staging), files, cache, python=PY)
+    assert fixed.files == 1 and fixed.payload == big.size and fixed.compressed
+    assert hashlib.sha256(_staged(staging)[big.sha256]).hexdigest() == big.sha256
 
 
 class _Interrupt(Exception):

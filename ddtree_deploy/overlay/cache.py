@@ -43,6 +43,9 @@ def level_for(first_chunk: bytes, level: int) -> int:
         return level
     trial = zstandard.ZstdCompressor(level=level).compress(first_chunk[:4 * TRIAL])
     return level if len(trial) * 1.1 <= min(len(first_chunk), 4 * TRIAL) else STORE_LEVEL
+
+FAST_MODE = 0o644  # a blob as the stream wrote it; densify.py's denser frames are DENSE_MODE
+DENSE_MODE = 0o444
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -103,6 +106,14 @@ class BlobCache:
             raise IntegrityError(f"blob {sha256} has no content size in its header")
         return int(size)
 
+    def is_dense(self, sha256: str) -> bool:
+        """True once densify.py recompressed the blob (its file has no write bit)."""
+        return not self.path_for(sha256).stat().st_mode & 0o222
+
+    def stored_size(self, sha256: str) -> int:
+        """Bytes the blob takes on disk: what a stream of its stored frame sends."""
+        return self.path_for(sha256).stat().st_size
+
     def stored_bytes(self) -> int:
         """Bytes the blobs take on disk (compressed)."""
         return sum(p.stat().st_size for p in (self.root / "sha256").glob("*/*.zst"))
@@ -150,6 +161,7 @@ class BlobCache:
                 raw.write(comp.flush())
                 raw.flush()
                 os.fsync(raw.fileno())
+                os.fchmod(raw.fileno(), FAST_MODE)  # written at the fast level (densify.py)
             got = digest.hexdigest()
             if got != sha:
                 raise IntegrityError(f"content does not match its sha256: want {sha}, got {got}")

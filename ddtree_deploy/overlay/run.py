@@ -20,6 +20,7 @@ from ddtree_deploy.connect import open_transport
 from ddtree_deploy.errors import DeployError, UsageError
 from ddtree_deploy.overlay import apply as remote_apply
 from ddtree_deploy.overlay.cache import BlobCache
+from ddtree_deploy.overlay.densify import spawn as spawn_densify
 from ddtree_deploy.overlay.lane import Lane
 from ddtree_deploy.overlay.manifest import read_manifest
 from ddtree_deploy.overlay.model import FileEntry, OverlayPlan, VenvManifest
@@ -62,6 +63,7 @@ class FleetResult:
     fetched: TransferReport | None = None
     source_choice: Choice | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    densify_pid: int | None = None  # the detached recompression of the cache (densify.py)
 
     @property
     def failed(self) -> list[OverlayResult]:
@@ -131,8 +133,13 @@ def _guard(r: OverlayResult, fn: Callable[[], None]) -> None:
 def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
               cache: BlobCache, progress: ProgressSink | None = None,
               on_status: Callable[[dict[str, Any]], None] | None = None,
-              parallel: int = PARALLEL, compress: str = "auto") -> FleetResult:
-    """Overlay the lane onto every (host, venv); each target's failure stays its own."""
+              parallel: int = PARALLEL, compress: str = "auto",
+              densify: bool = False) -> FleetResult:
+    """Overlay the lane onto every (host, venv); each target's failure stays its own.
+
+    densify: once done, when the source's stream stored blobs in the cache, start their
+    recompression in a detached idle-priority process (densify.py; the command does not wait).
+    """
     progress = progress or NullProgress()
     t0 = time.monotonic()
     for host, venv in targets:
@@ -212,6 +219,8 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
     finally:
         for t in opened:
             t.close()
+    if densify and fleet.fetched is not None and fleet.fetched.files:
+        fleet.densify_pid = spawn_densify(cache.root)
     fleet.seconds["total"] = round(time.monotonic() - t0, 3)
     return fleet
 

@@ -49,6 +49,8 @@ def fleet_summary(fleet: FleetResult, lane: str) -> dict[str, Any]:
                          "wire": fleet.fetched.wire, "compressed": fleet.fetched.compressed}
     if fleet.source_choice is not None:
         base["source_compression"] = fleet.source_choice.as_dict()
+    if fleet.densify_pid is not None:
+        base["recompressing_cache"] = {"pid": fleet.densify_pid}
     targets = [target_summary(r) for r in fleet.targets]
     if len(targets) == 1:
         return {**targets[0], **base}

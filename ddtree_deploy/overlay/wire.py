@@ -14,13 +14,15 @@ measured:
   zstandard (the workstation compresses what it sends from its cache).
 
 `choose` compares the time per byte: plain 1/link, compressed max(1/speed,
-1/(ratio*link)); compressed only when that is at least 10% faster.
+1/(ratio*link)); compressed only when that is at least 10% faster. A stream from the
+cache sends its frames as stored (transfer.py): its ratio is theirs, its speed unbounded.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -61,10 +63,13 @@ def choose(link_bps: float, ratio: float, speed_bps: float) -> Choice:
     elif not ok:
         why = (f"the compressor ({speed_bps / 1e6:.0f} MB/s) is slower than the link "
                f"({link_bps / 1e6:.0f} MB/s) can use it")
+    elif math.isinf(speed_bps):
+        why = (f"{ratio:.2f}x smaller as the cache stores it beats the link's "
+               f"{link_bps / 1e6:.0f} MB/s")
     else:
         why = (f"{ratio:.2f}x smaller at {speed_bps / 1e6:.0f} MB/s beats the link's "
                f"{link_bps / 1e6:.0f} MB/s")
-    return Choice(ok, why, link_bps, ratio, speed_bps)
+    return Choice(ok, why, link_bps, ratio, None if math.isinf(speed_bps) else speed_bps)
 
 
 def measure_link(t: Transport, nbytes: int = LINK_PROBE) -> float:
