@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from ddtree_deploy.config import load_config
+from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.converge.runner import apply_host
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_lab import manager

@@ -274,7 +274,7 @@ def _leaves(out: Any) -> list[torch.Tensor]:
 
 def find_wheel(given: str | None) -> Path:
     sys.path.insert(0, str(ROOT))
-    from ddtree_deploy import paths
+    from ddtree_deploy import xdg as paths
 
     places = [Path(given)] if given else []
     places += [paths.cache_dir() / "lab" / "wheels" / "real" / WHEEL, Path("/tmp/wh") / WHEEL,  # noqa: S108 (read only)

@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddtree_deploy import paths
+from ddtree_deploy import xdg
 from ddtree_lab import manager
 
 CLI = str(Path(sys.executable).with_name("ddtree-deploy"))
@@ -50,7 +50,7 @@ GOALS = {"cold": 0.4, "warm": 0.25, "extra": 0.25}
 
 
 def wheel_dir() -> Path:
-    folder = paths.cache_dir() / "bench" / "wheels"
+    folder = xdg.cache_dir() / "bench" / "wheels"
     folder.mkdir(parents=True, exist_ok=True)
     have = {p.name.split("-")[0].replace("_", "-") for p in folder.glob("*.whl")}
     missing = [f"{n}=={v}" for n, v in WHEELS.items() if n not in have]
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace, wheels: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-ovl-"))
     hosts = hosts_file(work, rows)
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache")}  # the bench's own blob cache
-    blobs = work / "cache" / paths.APP / "blobs"
+    blobs = work / "cache" / xdg.APP / "blobs"
     install_lane(by["ct129"], wheels)
     if args.host_zstd:
         host_zstd(list(by.values()))

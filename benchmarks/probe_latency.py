@@ -21,11 +21,11 @@ import subprocess
 import sys
 import time
 
-from ddtree_deploy.config import load_config
-from ddtree_deploy.connect import open_transport
-from ddtree_deploy.health.probe import ProbeTarget, probe_service
+from ddtree_deploy.config.hosts import load_config
+from ddtree_deploy.health.check import ProbeTarget, probe_service
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 from ddtree_lab import manager
 
 CLI = [sys.executable, "-m", "ddtree_deploy.cli"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddtree_deploy.config import Config, HostSpec
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.errors import RemoteCommandError
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 
 SCRIPT = r"""
 echo "@hostname"; hostname

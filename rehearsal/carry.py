@@ -301,7 +301,7 @@ for text in metadata.distribution("ddtree-deploy").requires or []:
         continue
     if not req.specifier.contains(have, prereleases=True):
         bad.append(f"{req}: {have} is installed")
-importlib.import_module("ddtree_deploy.cli")
+importlib.import_module("ddtree_deploy.cli.app")
 print(json.dumps(bad))
 """
 
@@ -324,7 +324,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 def launcher_text(python: Path, tool_dir: Path) -> str:
     code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'ddtree-deploy'; "
-            "from ddtree_deploy.cli import main; main()")
+            "from ddtree_deploy.cli.app import main; main()")
     return (f"#!/bin/sh\n# written by `python -m rehearsal.carry install`: the tool, on {python}\n"
             f"exec {shlex.quote(str(python))} -c {shlex.quote(code)} "
             f"{shlex.quote(str(tool_dir))} \"$@\"\n")

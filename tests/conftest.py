@@ -12,7 +12,7 @@ import pytest
 import tiers
 from sshd_fixture import Sshd, sshd_available
 
-from ddtree_deploy.config import Config, load_config
+from ddtree_deploy.config.hosts import Config, load_config
 from ddtree_deploy.resources import embedded_hosts_file
 
 # -- tiers (tests/tiers.py): unit, integration, lab -------------------------------------------
@@ -148,8 +148,8 @@ done
 def _models_in_place(config: Config) -> None:
     import warnings
 
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.transport import Command
+    from ddtree_deploy.transport.connect import open_transport
 
     for host in config.hosts.values():
         models = sorted({str(p) for p in host.models.values() if str(p).startswith("/dev/shm/")})

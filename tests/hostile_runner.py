@@ -1,7 +1,7 @@
 """Run the CLI in a child process that cannot hang CI or eat the machine's memory.
 
 The child sets an address-space limit (RLIMIT_AS) before it imports anything of the tool,
-then runs ``ddtree_deploy.cli.main(argv)``; the parent gives it a short timeout. A case
+then runs ``ddtree_deploy.cli.app.main(argv)``; the parent gives it a short timeout. A case
 that regresses into an alias bomb ends in MemoryError (a traceback, a failed test), one that
 regresses into a hang ends at the timeout: neither stalls or sinks the run.
 """
@@ -24,7 +24,7 @@ CHILD = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
 {before}
-from ddtree_deploy.cli import main
+from ddtree_deploy.cli.app import main
 main(sys.argv[1:])
 """
 

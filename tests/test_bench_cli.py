@@ -61,7 +61,7 @@ deployments:
     facts = Facts.model_validate(raw)
     real = facts.venvs[0]
     facts.venvs[0] = real.model_copy(update={"path": str(venv)})
-    monkeypatch.setattr("ddtree_deploy.cli_bench._facts", lambda *a, **k: facts)
+    monkeypatch.setattr("ddtree_deploy.cli.bench._facts", lambda *a, **k: facts)
     lock = tmp_path / "apply.lock"
     monkeypatch.setattr("ddtree_deploy.converge.lock.LOCK_FILE", str(lock))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -81,7 +81,7 @@ class Ran:
 
 def _bench(setup: dict[str, Any], *args: str) -> Ran:
     """The CLI's own entry point (errors mapped to exit codes), in this process."""
-    from ddtree_deploy.cli import main
+    from ddtree_deploy.cli.app import main
 
     capsys: pytest.CaptureFixture[str] = setup["capsys"]
     capsys.readouterr()
@@ -158,9 +158,9 @@ def test_refusals_exit_2_before_anything_runs(setup: dict[str, Any], args: list[
 
 
 def test_a_held_lock_refuses_the_sweep(setup: dict[str, Any]) -> None:
-    from ddtree_deploy.config import load_config
-    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.config.hosts import load_config
     from ddtree_deploy.converge.lock import HostLock
+    from ddtree_deploy.transport.connect import open_transport
 
     config = load_config(setup["hosts"])
     host = config.host("localhost")

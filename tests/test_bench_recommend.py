@@ -13,7 +13,7 @@ import pytest
 from ddtree_deploy.bench.recommend import recommend
 from ddtree_deploy.bench.results import Results
 from ddtree_deploy.bench.summary import fold
-from ddtree_deploy.config import load_config
+from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.resources import embedded_hosts_file
 
 RECORDED = Path(__file__).parent / "data" / "bench" / "standin-sweep.json"

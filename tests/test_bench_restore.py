@@ -19,7 +19,7 @@ from ddtree_deploy.bench import workloads
 from ddtree_deploy.bench.results import Results
 from ddtree_deploy.bench.server import SystemdControl
 from ddtree_deploy.errors import RefusedError
-from ddtree_deploy.health.probe import Verdict
+from ddtree_deploy.health.check import Verdict
 from ddtree_deploy.service.spec import MANAGED_KEY, UNIT_DIR, ServiceSpec
 from ddtree_deploy.transport.base import Result
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import cli, cli_plugins
+from ddtree_deploy import cli_plugins
+from ddtree_deploy.cli import app as cli
 
 
 def _only(monkeypatch: pytest.MonkeyPatch, *eps: importlib.metadata.EntryPoint) -> None:

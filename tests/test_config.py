@@ -6,8 +6,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from ddtree_deploy.config import Config, find_hosts_file, load_config
-from ddtree_deploy.config_schema import expand_vars
+from ddtree_deploy.config.hosts import Config, find_hosts_file, load_config
+from ddtree_deploy.config.schema import expand_vars
 from ddtree_deploy.errors import ConfigError, ExitCode
 from ddtree_deploy.resources import embedded_hosts_file
 

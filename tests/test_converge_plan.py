@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddtree_deploy import __version__
-from ddtree_deploy.config import load_config
+from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.converge.hoststate import HostState, parse
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import Plan, fingerprint

@@ -32,7 +32,7 @@ from test_standin_server import (  # noqa: F401 (lab is a fixture)
 
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.health import ProbeTarget, probe_service, scan
-from ddtree_deploy.health.probe import judge_generation
+from ddtree_deploy.health.check import judge_generation
 from ddtree_deploy.transport.local import LocalTransport
 
 TINY = r'''

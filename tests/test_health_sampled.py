@@ -25,7 +25,7 @@ import pytest
 
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.health import ProbeTarget, probe_service
-from ddtree_deploy.health.probe import SAMPLING, judge_generation
+from ddtree_deploy.health.check import SAMPLING, judge_generation
 from ddtree_deploy.transport.local import LocalTransport
 
 SERVER = r'''

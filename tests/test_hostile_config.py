@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.config import Config, load_config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config, load_config
 from ddtree_deploy.hostcheck import check_host
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 
 
 def hostile_values(marker: Path) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.config import Config, load_config
+from ddtree_deploy.config.hosts import Config, load_config
 from ddtree_deploy.facts import gather as gather_mod
 from ddtree_deploy.facts.cache import FactsCache
 from ddtree_deploy.facts.model import Facts, ModelDir, Venv

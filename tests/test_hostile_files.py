@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import cli_files
+from ddtree_deploy.cli import files as cli_files
 from ddtree_deploy.errors import DeployError, UsageError
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console, RenderableType
 
+from ddtree_deploy.cli.render_inventory import failures, findings_table, gpu_table, venv_table
+from ddtree_deploy.cli.render_table import add_row, make_table
 from ddtree_deploy.errors import HostKeyError
 from ddtree_deploy.facts.model import (
     Extension,
@@ -25,10 +27,8 @@ from ddtree_deploy.facts.model import (
     TorchInfo,
     Venv,
 )
-from ddtree_deploy.fanout import Outcome
-from ddtree_deploy.render_inventory import failures, findings_table, gpu_table, venv_table
-from ddtree_deploy.render_table import add_row, make_table
 from ddtree_deploy.rules.findings import Finding
+from ddtree_deploy.transport.fanout import Outcome
 
 CAPTURE = Path(__file__).parent / "facts" / "inventory" / "h200-cu130-nvml.json"
 FINGERPRINT = "SHA256:nThbg6kXUpJWGl7E1IGOCspRomTxdCARLviKw6E5SY8"

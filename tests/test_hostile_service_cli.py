@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy import cli
+from ddtree_deploy.cli import app
 from ddtree_deploy.service import install
 from ddtree_deploy.service.install import UnitState
 
@@ -38,7 +38,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["asked"].append(unit)
         return str(seen["journal"])
 
-    monkeypatch.setattr("ddtree_deploy.connect.open_transport", fake_open)
+    monkeypatch.setattr("ddtree_deploy.transport.connect.open_transport", fake_open)
     monkeypatch.setattr(install, "list_units", lambda t: [OURS])
     monkeypatch.setattr(install, "logs", fake_logs)
     return seen
@@ -46,7 +46,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as done:
-        cli.main(["--hosts", str(GOOD), *argv])
+        app.main(["--hosts", str(GOOD), *argv])
     captured = capsys.readouterr()
     return int(done.value.code or 0), captured.out, captured.err
 

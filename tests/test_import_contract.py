@@ -32,11 +32,12 @@ LAB = "ddtree_lab"
 # name starts with "a.b" (a.b, a.b_x, a.b.y); "=a" is module a alone.
 LAYERS: dict[str, tuple[str, ...]] = {
     "errors": ("ddtree_deploy.errors",),
-    "base": ("=ddtree_deploy", "ddtree_deploy.paths", "ddtree_deploy.resources",
+    "base": ("=ddtree_deploy", "ddtree_deploy.xdg", "ddtree_deploy.resources",
              "ddtree_deploy.localproc"),
     "transport": ("ddtree_deploy.transport",),
-    "config": ("ddtree_deploy.config*", "ddtree_deploy.yamlload", "ddtree_deploy.yamlmodel"),
-    "connect": ("ddtree_deploy.connect", "ddtree_deploy.fanout", "ddtree_deploy.hostcheck"),
+    "config": ("ddtree_deploy.config*",),
+    "connect": ("ddtree_deploy.transport.connect", "ddtree_deploy.transport.fanout",
+                "ddtree_deploy.hostcheck"),
     "remote": ("ddtree_deploy.remote",),  # what runs on hosts, and the runner that sends it
     "facts": ("ddtree_deploy.facts",),
     "rules": ("ddtree_deploy.rules",),
@@ -75,7 +76,7 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
 
 # Imports that break the layering today: (importer pattern, imported pattern or library, why).
 KNOWN: tuple[tuple[str, str, str], ...] = (
-    ("ddtree_deploy.config_schema", "ddtree_deploy.service.spec",
+    ("ddtree_deploy.config.schema", "ddtree_deploy.service.spec",
      "config reads TOOL_ENVIRONMENT (the variables a unit sets itself) from service.spec; the "
      "constant belongs in a module below both"),
     ("ddtree_deploy.rules.deploy_checks", "ddtree_deploy.service.resolve",
@@ -203,10 +204,11 @@ def test_the_analysis_sees_real_imports() -> None:
     """Negative control: the reader finds imports where they are known to be."""
     found = {(e.importer, e.imported) for e in edges()}
     assert ("ddtree_deploy.transport.ssh", "paramiko") in found
-    assert ("ddtree_deploy.cli", "typer") in found
-    assert ("ddtree_deploy.facts.gather", "ddtree_deploy.connect") in found
-    assert layer_of("ddtree_deploy.cli_common") == layer_of("ddtree_deploy.cli.common") == "cli"
-    assert layer_of("ddtree_deploy.config_schema") == layer_of("ddtree_deploy.config.schema")
+    assert ("ddtree_deploy.cli.app", "typer") in found
+    assert ("ddtree_deploy.facts.gather", "ddtree_deploy.transport.connect") in found
+    assert layer_of("ddtree_deploy.cli.common") == layer_of("ddtree_deploy.cli.app") == "cli"
+    assert layer_of("ddtree_deploy.config.schema") == "config"
+    assert layer_of("ddtree_deploy.config.hosts") == "config"
     assert layer_of("ddtree_deploy") == "base" and layer_of("ddtree_deploy.nothing") is None
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.rules.engine import diagnose
-from ddtree_deploy.rules.lane import lane
+from ddtree_deploy.rules.venv_lane import lane
 
 FIXTURES = Path(__file__).parent / "facts" / "inventory"
 # First session's probe (CUDA version from nvidia-smi's table), the second's (from libcuda,

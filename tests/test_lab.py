@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.config import Config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 from ddtree_lab import container, manager, netns, wheelhouse
 
 pytestmark = pytest.mark.lab

@@ -31,11 +31,11 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.config import Config, load_config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config, load_config
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 
 pytestmark = pytest.mark.lab
 HOST = "ct129"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.config import Config, load_config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config, load_config
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 
 pytestmark = pytest.mark.lab
 VENV = "/root/venv_sglang211"
@@ -105,8 +105,8 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     # Without a terminal and without --yes, apply refuses; a second apply is refused by the lock.
     no_tty = cli(lab, "apply", "ct200")
     assert no_tty.returncode == 2 and "--yes" in no_tty.stderr
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.lock import HostLock
+    from ddtree_deploy.transport.connect import open_transport
 
     with open_transport(lab, "ct200") as t, HostLock(t, lab.host("ct200")) as held:
         busy = cli(lab, "apply", "ct200", "--yes")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.config import Config
+from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.facts.model import Facts
-from ddtree_deploy.rules.lane import lane
+from ddtree_deploy.rules.venv_lane import lane
 
 pytestmark = pytest.mark.lab
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import paths
-from ddtree_deploy.config import Config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy import xdg
+from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.overlay import apply as remote_apply
-from ddtree_deploy.overlay.lane import load_lane
+from ddtree_deploy.overlay.lanefile import load_lane
 from ddtree_deploy.overlay.manifest import read_manifest
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 
 pytestmark = pytest.mark.lab
 VENV = "/root/venv-ovl"
@@ -47,7 +47,7 @@ def overlay(lab: Config, *extra: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def states(lab_session: None) -> dict[str, dict[str, dict[str, str]]]:
-    from ddtree_deploy.config import load_config
+    from ddtree_deploy.config.hosts import load_config
     from ddtree_deploy.resources import embedded_hosts_file
 
     lab = load_config(embedded_hosts_file())
@@ -102,7 +102,7 @@ def _settle(lab: Config) -> None:
 def test_killing_the_cli_never_mixes_old_and_new(lab: Config, states: dict) -> None:
     seed = int(os.environ.get("DDTREE_FAULT_SEED", "20261129"))
     rng = random.Random(seed)
-    blobs = paths.cache_dir() / "blobs"
+    blobs = xdg.cache_dir() / "blobs"
     t0 = time.monotonic()
     assert overlay(lab).returncode == 0
     full = time.monotonic() - t0

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ddtree_deploy.config import Config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
 
 pytestmark = pytest.mark.lab
 ML_ENV = "/root/ml-env"

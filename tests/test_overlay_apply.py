@@ -27,7 +27,7 @@ import pytest
 
 from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.overlay import apply as overlay_apply
-from ddtree_deploy.overlay.lane import LaneChecks
+from ddtree_deploy.overlay.lanefile import LaneChecks
 from ddtree_deploy.overlay.model import (
     DistChange,
     DistManifest,

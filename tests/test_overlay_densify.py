@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.overlay import densify
-from ddtree_deploy.overlay.cache import STORE_LEVEL, BlobCache
+from ddtree_deploy.overlay.blobcache import STORE_LEVEL, BlobCache
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.transfer import send_from_cache
 from ddtree_deploy.transport import LocalTransport

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.errors import ConfigError, ExitCode
-from ddtree_deploy.overlay.lane import available_lanes, canonical_name, load_lane, load_lane_file
+from ddtree_deploy.overlay.lanefile import (
+    available_lanes,
+    canonical_name,
+    load_lane,
+    load_lane_file,
+)
 
 GOOD = """\
 lane: cu130

@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from ddtree_deploy.errors import DeployError, RemoteCommandError
-from ddtree_deploy.overlay.lane import Lane, load_lane
+from ddtree_deploy.overlay.lanefile import Lane, load_lane
 from ddtree_deploy.overlay.manifest import ManifestReport, read_manifest
 from ddtree_deploy.overlay.model import (
     DistChange,

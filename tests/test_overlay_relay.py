@@ -15,7 +15,7 @@ import pytest
 
 from ddtree_deploy.errors import TransportError
 from ddtree_deploy.overlay import wire
-from ddtree_deploy.overlay.cache import STORE_LEVEL, BlobCache, level_for
+from ddtree_deploy.overlay.blobcache import STORE_LEVEL, BlobCache, level_for
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import CountingProgress
 from ddtree_deploy.overlay.relay import Destination, relay

@@ -23,7 +23,7 @@ from sshd_fixture import Sshd
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.overlay import transfer
-from ddtree_deploy.overlay.cache import BlobCache, IntegrityError
+from ddtree_deploy.overlay.blobcache import BlobCache, IntegrityError
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import CountingProgress
 from ddtree_deploy.overlay.transfer import fetch, push

@@ -44,13 +44,13 @@ def test_wheel_holds_data_and_console_script(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for data in ("hosts.yaml", "templates/README.md", "overlays/README.md", "payload/README.md"):
         assert f"ddtree_deploy/_data/{data}" in names
-    assert "ddtree-deploy = ddtree_deploy.cli:main" in _entry_points(wheel)
+    assert "ddtree-deploy = ddtree_deploy.cli.app:main" in _entry_points(wheel)
 
 
 def test_tool_wheel_holds_no_lab_code(wheel: Path) -> None:
     z = zipfile.ZipFile(wheel)
     names = z.namelist()
-    assert "ddtree_deploy/cli.py" in names  # the tool itself is there
+    assert "ddtree_deploy/cli/app.py" in names  # the tool itself is there
     assert not [n for n in names if n.startswith(("ddtree_lab/", "ddtree_deploy/lab/"))]
     assert not [n for n in names if n.endswith((".c", ".pth"))]
     mentions = [n for n in names if n.endswith(".py") and b"ddtree_lab" in z.read(n)]

@@ -14,7 +14,7 @@ import pytest
 from payload_fakes import UPSTREAM, VERIFY_FAIL, fake_venv, package, payload_folder, sha, tree
 from test_converge_plan import V, facts, installed_unit, pending
 
-from ddtree_deploy.config import load_config
+from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import fingerprint

@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.remote import facts_parse as pp
+from ddtree_deploy.remote import facts_parse
 
 FACTS = Path(__file__).parent / "facts"
 REAL = Path(__file__).parent / "facts" / "real"  # copies of shared/fixtures/real (SOURCES.txt)
 
 
 def _smi_gpus(case: dict[str, Any]) -> Any:
-    return pp.parse_smi_gpus(case["output"], case["query"])
+    return facts_parse.parse_smi_gpus(case["output"], case["query"])
 
 
 def _smi_apps(case: dict[str, Any]) -> Any:
-    return pp.parse_smi_apps(case["output"], case["query"])
+    return facts_parse.parse_smi_apps(case["output"], case["query"])
 
 
 def _record(case: dict[str, Any]) -> Any:
-    paths = pp.parse_record_paths(case["output"])
+    paths = facts_parse.parse_record_paths(case["output"])
     if "check" not in case:
         return paths
     got = {"count": len(paths), "first": paths[0], "last": paths[-1]}
@@ -37,17 +37,17 @@ def _record(case: dict[str, Any]) -> Any:
 PARSERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "nvidia_smi_gpus": _smi_gpus,
     "nvidia_smi_apps": _smi_apps,
-    "driver_versions": lambda c: pp.parse_driver_versions(c["output"]),
-    "proc_driver_version": lambda c: pp.parse_proc_driver_version(c["output"]),
-    "proc_net_tcp": lambda c: pp.parse_proc_net_tcp(c["output"]),
-    "cgroup_unit": lambda c: pp.parse_cgroup_unit(c["output"]),
-    "show_units": lambda c: pp.parse_show_units(c["output"]),
-    "os_release": lambda c: pp.parse_os_release(c["output"]).get("PRETTY_NAME"),
-    "glibc": lambda c: pp.parse_glibc(c["output"]),
-    "meminfo": lambda c: pp.parse_meminfo(c["output"]),
-    "nvcc_version": lambda c: pp.parse_nvcc_version(c["output"]),
-    "torch_version_py": lambda c: pp.parse_torch_version_py(c["output"]),
-    "metadata": lambda c: pp.parse_metadata(c["output"]),
+    "driver_versions": lambda c: facts_parse.parse_driver_versions(c["output"]),
+    "proc_driver_version": lambda c: facts_parse.parse_proc_driver_version(c["output"]),
+    "proc_net_tcp": lambda c: facts_parse.parse_proc_net_tcp(c["output"]),
+    "cgroup_unit": lambda c: facts_parse.parse_cgroup_unit(c["output"]),
+    "show_units": lambda c: facts_parse.parse_show_units(c["output"]),
+    "os_release": lambda c: facts_parse.parse_os_release(c["output"]).get("PRETTY_NAME"),
+    "glibc": lambda c: facts_parse.parse_glibc(c["output"]),
+    "meminfo": lambda c: facts_parse.parse_meminfo(c["output"]),
+    "nvcc_version": lambda c: facts_parse.parse_nvcc_version(c["output"]),
+    "torch_version_py": lambda c: facts_parse.parse_torch_version_py(c["output"]),
+    "metadata": lambda c: facts_parse.parse_metadata(c["output"]),
     "record": _record,
 }
 CASES = sorted((p.parent.name, p.stem) for fact in PARSERS for p in (FACTS / fact).glob("*.json"))
@@ -85,12 +85,13 @@ def test_dead_gpu_is_dead_only_through_error_cells() -> None:
           "P0, 580.159.04")
     err = ("0, GPU-a, NVIDIA H200, 143771, 0, 9.0, 00000000:00:06.0, ERR!, [GPU requires reset], "
            "P0, 580.159.04")
-    assert pp.parse_smi_gpus(ok)[0]["dead"] is False
-    assert pp.smi_driver_version(ok) == pp.smi_driver_version(err) == "580.159.04"
-    assert pp.smi_driver_version(ok, query=pp.GPU_QUERY.replace(",driver_version", "")) is None
-    healthy_na = pp.parse_smi_gpus(na)[0]
+    assert facts_parse.parse_smi_gpus(ok)[0]["dead"] is False
+    assert facts_parse.smi_driver_version(ok) == facts_parse.smi_driver_version(err) == "580.159.04"
+    no_driver = facts_parse.GPU_QUERY.replace(",driver_version", "")
+    assert facts_parse.smi_driver_version(ok, query=no_driver) is None
+    healthy_na = facts_parse.parse_smi_gpus(na)[0]
     assert (healthy_na["dead"], healthy_na["memory_total_mib"]) == (False, None)
-    dead = pp.parse_smi_gpus(err)[0]
+    dead = facts_parse.parse_smi_gpus(err)[0]
     assert dead["dead"] is True
     assert dead["error"] == "temperature.gpu: ERR!; utilization.gpu: GPU requires reset"
 
@@ -112,7 +113,7 @@ def _readelf_blocks(path: Path) -> list[list[str]]:
 
 
 def _majors(needed: list[str]) -> list[int]:
-    return sorted({m for m in map(pp.cuda_major_of, needed) if m is not None})
+    return sorted({m for m in map(facts_parse.cuda_major_of, needed) if m is not None})
 
 
 def test_cuda_majors_of_real_libraries() -> None:
@@ -151,34 +152,34 @@ def test_cuda_majors_of_real_libraries() -> None:
     ],
 )
 def test_soname_mapping(soname: str, major: int | None, is_cuda: bool) -> None:
-    assert pp.cuda_major_of(soname) == major
-    assert pp.is_cuda_lib(soname) is is_cuda
+    assert facts_parse.cuda_major_of(soname) == major
+    assert facts_parse.is_cuda_lib(soname) is is_cuda
 
 
 def test_canonical_names() -> None:
-    assert pp.canonical_name("Flashinfer_Python") == "flashinfer-python"
-    assert pp.canonical_name("sglang.kernel__x") == "sglang-kernel-x"
+    assert facts_parse.canonical_name("Flashinfer_Python") == "flashinfer-python"
+    assert facts_parse.canonical_name("sglang.kernel__x") == "sglang-kernel-x"
 
 
 def test_systemctl_show_blocks() -> None:
     text = "Id=a.service\nMainPID=12\n\nId=b.service\nMainPID=0\n"
-    assert pp.parse_systemctl_show(text) == {
+    assert facts_parse.parse_systemctl_show(text) == {
         "a.service": {"Id": "a.service", "MainPID": "12"},
         "b.service": {"Id": "b.service", "MainPID": "0"},
     }
-    assert pp.parse_systemctl_show("") == {}
+    assert facts_parse.parse_systemctl_show("") == {}
 
 
 def test_socket_inode() -> None:
-    assert pp.socket_inode("socket:[15413]") == 15413
-    assert pp.socket_inode("pipe:[15413]") is None
-    assert pp.socket_inode("/dev/null") is None
+    assert facts_parse.socket_inode("socket:[15413]") == 15413
+    assert facts_parse.socket_inode("pipe:[15413]") is None
+    assert facts_parse.socket_inode("/dev/null") is None
 
 
 def test_torch_version_py_is_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     text = f"open({str(marker)!r}, 'w').write('x')\n__version__ = '2.11.0+cu130'\ncuda = '13.0'\n"
-    assert pp.parse_torch_version_py(text) == {"version": "2.11.0+cu130", "cuda": "13.0"}
+    assert facts_parse.parse_torch_version_py(text) == {"version": "2.11.0+cu130", "cuda": "13.0"}
     assert not marker.exists()
 
 
@@ -186,4 +187,4 @@ def test_torch_version_py_is_never_run(tmp_path: Path) -> None:
                                   "h200_15fields_noheader", "h200_busy_15fields"])
 def test_driver_version_from_real_query_gpu_output(case: str) -> None:
     data = json.loads((FACTS / "nvidia_smi_gpus" / f"{case}.json").read_text())
-    assert pp.smi_driver_version(data["output"], data["query"]) == "580.159.04"
+    assert facts_parse.smi_driver_version(data["output"], data["query"]) == "580.159.04"

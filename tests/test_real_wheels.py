@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import paths
+from ddtree_deploy import xdg
 from ddtree_deploy.converge.steps import _install as installer
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def _pip(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def mixed_venv() -> Path:
-    root = paths.cache_dir() / "real-wheels"
+    root = xdg.cache_dir() / "real-wheels"
     venv = root / "venv-torch291-cu128-sglang-kernel042"
     if (venv / ".complete").exists():
         return venv

@@ -78,7 +78,7 @@ def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) 
 
 
 def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:
-    from ddtree_deploy.config import load_config
+    from ddtree_deploy.config.hosts import load_config
 
     server = Server("ddtree15-x", "/m/ladder", "ddtree", 15, 8, port=31002, fault="mask",
                     extra=("--speculative-num-draft-tokens", "8"))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.config import Deployment, load_config
+from ddtree_deploy.config.hosts import Deployment, load_config
 from ddtree_deploy.facts.model import (
     Extension,
     Facts,

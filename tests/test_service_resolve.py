@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_deploy.config import load_config
+from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.errors import RefusedError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file

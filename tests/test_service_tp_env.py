@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.config import ConfigError, Deployment, load_config
+from ddtree_deploy.config.hosts import ConfigError, Deployment, load_config
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.errors import RefusedError

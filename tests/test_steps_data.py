@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddtree_deploy.config import Config, load_config
+from ddtree_deploy.config.hosts import Config, load_config
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import KINDS, NO_PARAMS, Plan, Step, registry, step_kind

@@ -16,10 +16,10 @@ import pytest
 from hang_guard import HANG_GUARD_S, call_guarded, kill_left, running, wait_none_running
 from sshd_fixture import Sshd, free_port, keygen, openssh_fingerprint
 
-from ddtree_deploy.config import load_config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.errors import AuthError, CommandTimeout, HostKeyError, UnreachableError
 from ddtree_deploy.transport import Command, SshTransport, openssh
+from ddtree_deploy.transport.connect import open_transport
 from ddtree_deploy.transport.openssh import OpenSshTransport, map_ssh_error
 
 pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("openssh_control"),

@@ -131,7 +131,7 @@ def diff(path: Path, old: str, new: str) -> str:
 
 def write(path: Path, new: str) -> None:
     """Validate `new` as a hosts file, then replace `path` with it atomically."""
-    from ddtree_deploy.config import load_config
+    from ddtree_deploy.config.hosts import load_config
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ddtree_deploy.bench.grid import Grid
 from ddtree_deploy.bench.sweep import spec_for
-from ddtree_deploy.config import Config, Deployment, HostSpec
+from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.service.spec import ServiceSpec
@@ -112,7 +112,7 @@ def prepare(t: ExecTransport, host: HostSpec, facts: Facts, dep: Deployment | No
 
 def host_facts(facts: Facts, base: ServiceSpec) -> dict[str, Any]:
     """The host's facts a result needs to be read later: GPU, driver, lane, versions."""
-    from ddtree_deploy.rules.lane import lane_from_cuda
+    from ddtree_deploy.rules.venv_lane import lane_from_cuda
 
     venv = facts.venv(base.venv)
     gpus = [g for g in facts.nvidia.gpus if g.index in base.gpus]

@@ -21,7 +21,7 @@ from typing import Any
 
 from ddtree_deploy.bench.metrics import METRICS
 from ddtree_deploy.errors import ConfigError, DeployError
-from ddtree_deploy.paths import state_dir
+from ddtree_deploy.xdg import state_dir
 
 SCHEMA = "ddtree-deploy-bench/1"
 CELL_KEYS = ("config", "workload", "concurrency", "sampling", "repeat")

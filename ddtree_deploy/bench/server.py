@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ddtree_deploy import __version__
 from ddtree_deploy.errors import DeployError, RefusedError
-from ddtree_deploy.health.probe import ProbeTarget, Verdict, probe_service
+from ddtree_deploy.health.check import ProbeTarget, Verdict, probe_service
 from ddtree_deploy.service.render import render_unit
 from ddtree_deploy.service.spec import UNIT_DIR, ServiceSpec
 from ddtree_deploy.transport import Command

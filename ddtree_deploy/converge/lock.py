@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, BinaryIO, cast
 
-from ddtree_deploy.config import HostSpec
+from ddtree_deploy.config.hosts import HostSpec
 from ddtree_deploy.converge.hoststate import STATE_DIR
 from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.transport import Command

@@ -8,7 +8,7 @@ what that earlier step will produce: the clone's source venv, the lane.
 
 from __future__ import annotations
 
-from ddtree_deploy.config import Config, Deployment, HostSpec
+from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.steps import HostPlanning, Planning, Step, registry
 from ddtree_deploy.facts.model import Facts

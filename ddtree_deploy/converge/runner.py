@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ddtree_deploy.config import Config, HostSpec
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.converge import hoststate
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import Acting, LiveFacts, Plan, Step, fingerprint, step_kind
@@ -26,6 +25,7 @@ from ddtree_deploy.facts.cache import FactsCache
 from ddtree_deploy.facts.gather import collect
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.transport.base import ExecTransport
+from ddtree_deploy.transport.connect import open_transport
 
 if TYPE_CHECKING:
     from ddtree_deploy.converge.lock import HostLock

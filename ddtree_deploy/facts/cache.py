@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ddtree_deploy import paths
-from ddtree_deploy.config import HostSpec
+from ddtree_deploy import xdg
+from ddtree_deploy.config.hosts import HostSpec
 from ddtree_deploy.facts.model import SCHEMA_VERSION, Facts
 
 DEFAULT_MAX_AGE_S = 300.0
@@ -37,7 +37,7 @@ def gathered_for(spec: HostSpec) -> str:
 
 class FactsCache:
     def __init__(self, root: Path | None = None) -> None:
-        self.root = root or paths.state_dir() / "facts"
+        self.root = root or xdg.state_dir() / "facts"
 
     def _prefix(self, spec: HostSpec) -> str:
         where = f"{spec.target}:{spec.port}:{spec.user}:{spec.transport}"

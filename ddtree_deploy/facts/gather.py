@@ -9,16 +9,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddtree_deploy.config import Config, HostSpec
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.errors import RemoteCommandError
 from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.model import Facts
-from ddtree_deploy.fanout import Outcome, fan_out
 from ddtree_deploy.remote.bundle import FACTS, text
 from ddtree_deploy.remote.runner import run_json
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
+from ddtree_deploy.transport.connect import open_transport
+from ddtree_deploy.transport.fanout import Outcome, fan_out
 
 PROBE_TIMEOUT_S = 60.0
 PROBE_BOOT = text("facts_boot.py")  # runs the probe sent on stdin as a module kept by its hash

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddtree_deploy.health.probe import (
+from ddtree_deploy.health.check import (
     HttpResult,
     ProbeTarget,
     UnitState,

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_deploy.errors import DeployError, RefusedError, RemoteCommandError, UsageError
-from ddtree_deploy.overlay.lane import LaneChecks
+from ddtree_deploy.overlay.lanefile import LaneChecks
 from ddtree_deploy.overlay.model import OverlayPlan
 from ddtree_deploy.remote.bundle import OVERLAY_APPLY
 from ddtree_deploy.remote.runner import run_json
-from ddtree_deploy.transport.base import Command, Transport
+from ddtree_deploy.transport.base import Transport
+from ddtree_deploy.transport.command import Command
 
 STATE = ".ddtree-deploy/overlay"
 SCRIPT_NAME = "apply_remote.py"  # its name on the host

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import zstandard
 
-from ddtree_deploy.overlay.cache import CHUNK, DENSE_MODE, BlobCache, IntegrityError
+from ddtree_deploy.overlay.blobcache import CHUNK, DENSE_MODE, BlobCache, IntegrityError
 
 LEVEL = 3
 WINDOW_LOG = 27  # what the receiver's `zstd -d --long=27` accepts

@@ -16,7 +16,8 @@ from ddtree_deploy.errors import RemoteCommandError
 from ddtree_deploy.overlay.model import VenvManifest
 from ddtree_deploy.remote.bundle import text
 from ddtree_deploy.remote.runner import run_json
-from ddtree_deploy.transport.base import Command, Transport
+from ddtree_deploy.transport.base import Transport
+from ddtree_deploy.transport.command import Command
 
 SCRIPT = "overlay_manifest.py"
 

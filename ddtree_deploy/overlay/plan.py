@@ -31,7 +31,7 @@ from __future__ import annotations
 import posixpath
 
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.overlay.lane import Lane
+from ddtree_deploy.overlay.lanefile import Lane
 from ddtree_deploy.overlay.model import (
     Action,
     DistChange,

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ddtree_deploy.cli_text import plain
+from ddtree_deploy.cli.text import plain
 
 if TYPE_CHECKING:
     from rich.console import Console

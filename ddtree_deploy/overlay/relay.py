@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.overlay import wire
-from ddtree_deploy.overlay.cache import CHUNK, BlobCache
+from ddtree_deploy.overlay.blobcache import CHUNK, BlobCache
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.overlay.transfer import (
@@ -46,7 +46,8 @@ from ddtree_deploy.overlay.transfer import (
 )
 from ddtree_deploy.remote.overlay_transfer import RECEIVE_SHELL, staging_receive
 from ddtree_deploy.remote.runner import read_json
-from ddtree_deploy.transport.base import Command, Result, Transport
+from ddtree_deploy.transport.base import Result, Transport
+from ddtree_deploy.transport.command import Command
 
 PARALLEL = 4  # targets served at once from the cache
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)

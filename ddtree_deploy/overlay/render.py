@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ddtree_deploy.cli_text import plain
+from ddtree_deploy.cli.text import plain
 from ddtree_deploy.overlay.model import DistChange, OverlayPlan
 from ddtree_deploy.overlay.plan import unique_send
 

@@ -15,13 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddtree_deploy.config import Config
-from ddtree_deploy.connect import open_transport
+from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.errors import DeployError, UsageError
 from ddtree_deploy.overlay import apply as remote_apply
-from ddtree_deploy.overlay.cache import BlobCache
+from ddtree_deploy.overlay.blobcache import BlobCache
 from ddtree_deploy.overlay.densify import spawn as spawn_densify
-from ddtree_deploy.overlay.lane import Lane
+from ddtree_deploy.overlay.lanefile import Lane
 from ddtree_deploy.overlay.manifest import read_manifest
 from ddtree_deploy.overlay.model import FileEntry, OverlayPlan, VenvManifest
 from ddtree_deploy.overlay.plan import is_noop, plan
@@ -30,6 +29,7 @@ from ddtree_deploy.overlay.relay import Destination, relay
 from ddtree_deploy.overlay.transfer import TransferReport
 from ddtree_deploy.overlay.wire import Choice
 from ddtree_deploy.transport.base import ExecTransport
+from ddtree_deploy.transport.connect import open_transport
 
 PARALLEL = 4
 

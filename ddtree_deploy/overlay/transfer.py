@@ -37,7 +37,7 @@ from typing import BinaryIO, Protocol
 import zstandard
 
 from ddtree_deploy.errors import DeployError, TransportError
-from ddtree_deploy.overlay.cache import (
+from ddtree_deploy.overlay.blobcache import (
     CHUNK,
     STORE_LEVEL,
     BackgroundWriter,
@@ -48,7 +48,8 @@ from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.remote import overlay_transfer as scripts
 from ddtree_deploy.remote.runner import failure, read_json, run_json
-from ddtree_deploy.transport.base import Command, Result, Transport
+from ddtree_deploy.transport.base import Result, Transport
+from ddtree_deploy.transport.command import Command
 
 ZSTD_FLAGS = "-1 --long=27"
 WINDOW_LOG = 27

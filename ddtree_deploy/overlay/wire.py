@@ -32,7 +32,8 @@ import zstandard
 
 from ddtree_deploy.remote.bundle import text
 from ddtree_deploy.remote.runner import run_json
-from ddtree_deploy.transport.base import Command, Transport
+from ddtree_deploy.transport.base import Transport
+from ddtree_deploy.transport.command import Command
 
 LINK_PROBE = 8 << 20
 SAMPLE_BYTES = 16 << 20

@@ -19,8 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ddtree_deploy.config.yamlmodel import load_model
 from ddtree_deploy.errors import ConfigError
-from ddtree_deploy.yamlmodel import load_model
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddtree_deploy.paths import cache_dir
+from ddtree_deploy.xdg import cache_dir
 
 HERE = Path(__file__).resolve().parent
 INTERNAL = "ddtree_deploy."

@@ -22,7 +22,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ddtree_deploy.errors import CommandTimeout, ExitCode, RemoteCommandError
-from ddtree_deploy.transport.base import Command, Result, Transport
+from ddtree_deploy.transport.base import Result, Transport
+from ddtree_deploy.transport.command import Command
 
 STDERR_LINES = 3  # the tail of stderr kept in a message
 STDERR_CHARS = 600

@@ -7,8 +7,8 @@ data in ``floors``, each with its source.
 
 from ddtree_deploy.rules.engine import diagnose, exit_code
 from ddtree_deploy.rules.findings import Finding, Severity, has_error, sort_findings
-from ddtree_deploy.rules.lane import LaneReport, lane, lane_from_cuda, lane_major
 from ddtree_deploy.rules.model_fit import ModelFacts, check_model_fit, expected_width
+from ddtree_deploy.rules.venv_lane import LaneReport, lane, lane_from_cuda, lane_major
 
 __all__ = [
     "Finding", "LaneReport", "ModelFacts", "Severity", "check_model_fit", "diagnose",

@@ -1,4 +1,4 @@
-"""Host and venv rules: small pure functions Ctx -> findings.
+"""Host and venv rules: small pure functions RuleContext -> findings.
 
 Venv rules judge a venv against what the sglang installed in it needs; where a deployment
 targets the venv, its choices (attention and grammar backends) set how bad a problem is.
@@ -12,8 +12,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from ddtree_deploy.rules import findings as fx
-from ddtree_deploy.rules.context import Ctx, Rule, sm_major
+from ddtree_deploy.rules import findings
+from ddtree_deploy.rules.context import Rule, RuleContext, sm_major
 from ddtree_deploy.rules.findings import Finding, Severity
 from ddtree_deploy.rules.floors import (
     BLACKWELL_MAJORS,
@@ -29,7 +29,7 @@ from ddtree_deploy.rules.floors import (
     parse_version,
     sglang_needs,
 )
-from ddtree_deploy.rules.lane import lane_major
+from ddtree_deploy.rules.venv_lane import lane_major
 
 
 def _int_head(text: str | None) -> int | None:
@@ -44,7 +44,7 @@ def _cuda_tuple(text: str | None) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def has_name(ctx: Ctx, floor: NameFloor) -> bool | None:
+def has_name(ctx: RuleContext, floor: NameFloor) -> bool | None:
     """Whether the venv's package defines the name: read names first, else the version floor."""
     if ctx.venv is None:
         return None
@@ -58,7 +58,7 @@ def has_name(ctx: Ctx, floor: NameFloor) -> bool | None:
 # ---- host
 
 
-def gpu_dead(ctx: Ctx) -> Iterable[Finding]:
+def gpu_dead(ctx: RuleContext) -> Iterable[Finding]:
     for gpu in ctx.facts.nvidia.gpus:
         if gpu.dead:
             yield Finding(
@@ -68,12 +68,12 @@ def gpu_dead(ctx: Ctx) -> Iterable[Finding]:
                 evidence={"index": gpu.index, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
                           "error": gpu.error, "memory_used_mib": gpu.memory_used_mib},
                 remedy=f"keep services off GPU {gpu.index}: pick a live one with `--gpu N` "
-                f"({fx.service_up(ctx.host, 'NAME', '--gpu N')}); the card needs a reboot or "
+                f"({findings.service_up(ctx.host, 'NAME', '--gpu N')}); the card needs a reboot or "
                 "reseat",
             )  # fmt: skip
 
 
-def nvidia_absent(ctx: Ctx) -> Iterable[Finding]:
+def nvidia_absent(ctx: RuleContext) -> Iterable[Finding]:
     nv = ctx.facts.nvidia
     if not nv.present:
         yield Finding(
@@ -86,7 +86,7 @@ def nvidia_absent(ctx: Ctx) -> Iterable[Finding]:
         )
 
 
-def driver_too_old(ctx: Ctx) -> Iterable[Finding]:
+def driver_too_old(ctx: RuleContext) -> Iterable[Finding]:
     nv = ctx.facts.nvidia
     driver = _int_head(nv.driver_version)
     if driver is None:
@@ -99,7 +99,7 @@ def driver_too_old(ctx: Ctx) -> Iterable[Finding]:
         floor = DRIVER_FLOORS.get(major) if major is not None else None
         if floor is None or driver >= floor.driver_major:
             continue
-        also = f", or stay on cu128 ({fx.overlay(ctx.host, 'cu128', ctx.path)})"
+        also = f", or stay on cu128 ({findings.overlay(ctx.host, 'cu128', ctx.path)})"
         yield Finding(
             id="driver.too-old", severity="error",
             message=f"driver {nv.driver_version} is too old for the {lane} lane "
@@ -118,7 +118,7 @@ HOST_RULES: tuple[Rule, ...] = (gpu_dead, nvidia_absent, driver_too_old)
 # ---- venv
 
 
-def venv_unreadable(ctx: Ctx) -> Iterable[Finding]:
+def venv_unreadable(ctx: RuleContext) -> Iterable[Finding]:
     if ctx.venv is not None and ctx.venv.error:
         yield Finding(
             id="venv.unreadable",
@@ -130,7 +130,7 @@ def venv_unreadable(ctx: Ctx) -> Iterable[Finding]:
         )
 
 
-def lane_mix(ctx: Ctx) -> Iterable[Finding]:
+def lane_mix(ctx: RuleContext) -> Iterable[Finding]:
     report = ctx.lane_report
     if report is None or not report.mixed:
         return
@@ -145,11 +145,11 @@ def lane_mix(ctx: Ctx) -> Iterable[Finding]:
         f"{report.lane or 'not a CUDA build'} but compiled extensions need other CUDA libraries",
         evidence={"venv": ctx.path, "torch_lane": report.lane, "majors": sorted(report.majors),
                   "files": report.evidence},
-        remedy=fx.overlay(ctx.host, target, ctx.path),
+        remedy=findings.overlay(ctx.host, target, ctx.path),
     )  # fmt: skip
 
 
-def kernel_torch(ctx: Ctx) -> Iterable[Finding]:
+def kernel_torch(ctx: RuleContext) -> Iterable[Finding]:
     for dist in KERNEL_DISTRIBUTIONS:
         version = ctx.dist(dist)
         pin = KERNEL_TORCH_PINS.get((dist, version or ""))
@@ -172,12 +172,12 @@ def kernel_torch(ctx: Ctx) -> Iterable[Finding]:
             f"torch {raw or '(none)'}: its C++ symbols will not resolve",
             evidence={"venv": ctx.path, "kernel": f"{dist}=={version}", "torch": raw,
                       "kernel_needs_torch": pin.torch, "source": pin.source},
-            remedy=f"{fx.overlay(ctx.host, lane, ctx.path)} installs torch {pin.torch} for the "
-            "lane; or " + fx.install(ctx.host, f"torch=={pin.torch}", ctx.dep_name),
+            remedy=f"{findings.overlay(ctx.host, lane, ctx.path)} installs torch {pin.torch} for "
+            "the lane; or " + findings.install(ctx.host, f"torch=={pin.torch}", ctx.dep_name),
         )  # fmt: skip
 
 
-def _allowed_by_deployment(ctx: Ctx, name: str, installed: str | None) -> bool:
+def _allowed_by_deployment(ctx: RuleContext, name: str, installed: str | None) -> bool:
     if ctx.deployment is None or installed is None:
         return False
     for text in ctx.deployment.sglang.extra_packages:
@@ -190,7 +190,7 @@ def _allowed_by_deployment(ctx: Ctx, name: str, installed: str | None) -> bool:
     return False
 
 
-def pin_drift(ctx: Ctx) -> Iterable[Finding]:
+def pin_drift(ctx: RuleContext) -> Iterable[Finding]:
     sglang = base_version(ctx.sglang_version())
     pins = SGLANG_PINS.get(sglang or "")
     if pins is None:
@@ -209,12 +209,12 @@ def pin_drift(ctx: Ctx) -> Iterable[Finding]:
             + ", ".join(f"{n} {d['installed'] or 'missing'} (pin {d['pinned']})"
                         for n, d in sorted(drift.items())),
             evidence={"venv": ctx.path, "sglang": sglang, "drift": drift, "source": pins.source},
-            remedy=f"{fx.apply(ctx.host, ctx.dep_name)} installs sglang's pins "
+            remedy=f"{findings.apply(ctx.host, ctx.dep_name)} installs sglang's pins "
             "(uv pip install 'sglang==VERSION' resolves them)",
         )  # fmt: skip
 
 
-def soundfile_missing(ctx: Ctx) -> Iterable[Finding]:
+def soundfile_missing(ctx: RuleContext) -> Iterable[Finding]:
     sglang = ctx.sglang_version()
     if sglang and ctx.dist(SOUNDFILE) is None:
         yield Finding(
@@ -222,11 +222,11 @@ def soundfile_missing(ctx: Ctx) -> Iterable[Finding]:
             severity="error",
             message=f"sglang {sglang} is installed without soundfile; the HTTP server imports it",
             evidence={"venv": ctx.path, "sglang": sglang, "soundfile": None},
-            remedy=fx.install(ctx.host, "soundfile==0.13.1", ctx.dep_name),
+            remedy=findings.install(ctx.host, "soundfile==0.13.1", ctx.dep_name),
         )
 
 
-def flashinfer_mxfp8(ctx: Ctx) -> Iterable[Finding]:
+def flashinfer_mxfp8(ctx: RuleContext) -> Iterable[Finding]:
     sglang = ctx.sglang_version()
     needs = sglang_needs(sglang)
     flashinfer = ctx.dist(MM_MXFP8.distribution)
@@ -245,7 +245,7 @@ def flashinfer_mxfp8(ctx: Ctx) -> Iterable[Finding]:
         f"sglang {sglang} imports it on Blackwell GPUs and fails to start",
         evidence={"venv": ctx.path, "flashinfer-python": flashinfer, "sglang": sglang,
                   "sm_majors": sorted(majors), "source": MM_MXFP8.source},
-        remedy=fx.install(ctx.host, f"flashinfer-python>={MM_MXFP8.first}", ctx.dep_name),
+        remedy=findings.install(ctx.host, f"flashinfer-python>={MM_MXFP8.first}", ctx.dep_name),
     )  # fmt: skip
 
 
@@ -260,7 +260,7 @@ def _unused_note(severity: Severity, flag: str) -> str:
     return f" (not in the way: the deployment sets {flag})" if severity == "info" else ""
 
 
-def xgrammar_structural_tag(ctx: Ctx) -> Iterable[Finding]:
+def xgrammar_structural_tag(ctx: RuleContext) -> Iterable[Finding]:
     sglang = ctx.sglang_version()
     needs = sglang_needs(sglang)
     if needs is None or needs.grammar is None or has_name(ctx, needs.grammar) is True:
@@ -275,12 +275,12 @@ def xgrammar_structural_tag(ctx: Ctx) -> Iterable[Finding]:
         + _unused_note(severity, f"--grammar-backend {chosen}"),
         evidence={"venv": ctx.path, "xgrammar": ctx.dist("xgrammar"), "sglang": sglang,
                   "needs": floor.name, "grammar_backend": chosen, "source": floor.source},
-        remedy=f"{fx.service_up(ctx.host, dep.name if dep else 'NAME', '--grammar-backend none')}"
-        f"; or " + fx.install(ctx.host, f"xgrammar>={floor.first}", ctx.dep_name),
+        remedy=findings.service_up(ctx.host, dep.name if dep else "NAME", "--grammar-backend none")
+        + "; or " + findings.install(ctx.host, f"xgrammar>={floor.first}", ctx.dep_name),
     )  # fmt: skip
 
 
-def flashinfer_sm12(ctx: Ctx) -> Iterable[Finding]:
+def flashinfer_sm12(ctx: RuleContext) -> Iterable[Finding]:
     if ctx.venv is None or ctx.dist(MM_MXFP8.distribution) is None:
         return
     sm12 = [g.index for g in ctx.gpus() if sm_major(g) == FLASHINFER_JIT.sm_major]
@@ -303,7 +303,8 @@ def flashinfer_sm12(ctx: Ctx) -> Iterable[Finding]:
                   "nvcc_version": services.nvcc_version,
                   "torch_cuda": torch.cuda if torch else None,
                   "attention_backend": chosen, "source": FLASHINFER_JIT.source},
-        remedy=fx.service_up(ctx.host, dep.name if dep else "NAME", "--attention-backend triton"),
+        remedy=findings.service_up(ctx.host, dep.name if dep else "NAME",
+                                   "--attention-backend triton"),
     )  # fmt: skip
 
 

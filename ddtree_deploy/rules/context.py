@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
-from ddtree_deploy.config_schema import Deployment
+from ddtree_deploy.config.schema import Deployment
 from ddtree_deploy.facts.model import Facts, Gpu, Venv
 from ddtree_deploy.rules.findings import Finding
-from ddtree_deploy.rules.lane import LaneReport, lane
 from ddtree_deploy.rules.model_fit import ModelFacts
+from ddtree_deploy.rules.venv_lane import LaneReport, lane
 
 
 @dataclass(frozen=True)
-class Ctx:
+class RuleContext:
     facts: Facts
     venv_path: str | None = None  # the venv asked about (may be missing from the facts)
     venv: Venv | None = None
@@ -36,9 +36,10 @@ class Ctx:
     def dep_name(self) -> str | None:
         return self.deployment.name if self.deployment else None
 
-    def with_venv(self, path: str | None, venv: Venv | None) -> Ctx:
+    def with_venv(self, path: str | None, venv: Venv | None) -> RuleContext:
         report = lane(venv) if venv is not None and venv.exists else None
-        return Ctx(self.facts, path, venv, self.deployment, self.model_facts, self.lanes, report)
+        return RuleContext(self.facts, path, venv, self.deployment, self.model_facts, self.lanes,
+                           report)
 
     def dist(self, name: str) -> str | None:
         """The installed version of a distribution in the venv, by canonical name."""
@@ -72,4 +73,4 @@ def sm_major(gpu: Gpu) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-Rule = Callable[[Ctx], Iterable[Finding]]
+Rule = Callable[[RuleContext], Iterable[Finding]]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ddtree_deploy.config_schema import Deployment
+from ddtree_deploy.config.schema import Deployment
 from ddtree_deploy.facts.model import GpuProcess, Listener
-from ddtree_deploy.rules import findings as fx
-from ddtree_deploy.rules.context import Ctx, Rule
+from ddtree_deploy.rules import findings
+from ddtree_deploy.rules.context import Rule, RuleContext
 from ddtree_deploy.rules.findings import Finding
 from ddtree_deploy.rules.floors import base_version, parse_version, sglang_wheel
 from ddtree_deploy.rules.model_fit import (
@@ -23,21 +23,21 @@ from ddtree_deploy.rules.model_fit import (
 )
 
 
-def _own_pids(ctx: Ctx, dep: Deployment) -> set[int]:
+def _own_pids(ctx: RuleContext, dep: Deployment) -> set[int]:
     return {u.main_pid for u in ctx.facts.services.units
             if u.name == dep.unit_name and u.main_pid}  # fmt: skip
 
 
-def _foreign(ctx: Ctx, dep: Deployment, item: GpuProcess | Listener) -> bool:
+def _foreign(ctx: RuleContext, dep: Deployment, item: GpuProcess | Listener) -> bool:
     return item.unit != dep.unit_name and item.pid not in _own_pids(ctx, dep)
 
 
-def _free_gpus(ctx: Ctx, dep: Deployment) -> list[int]:
+def _free_gpus(ctx: RuleContext, dep: Deployment) -> list[int]:
     return [g.index for g in ctx.facts.nvidia.gpus
             if not g.dead and not any(_foreign(ctx, dep, p) for p in g.processes)]  # fmt: skip
 
 
-def _suggest_gpu(ctx: Ctx, dep: Deployment) -> str:
+def _suggest_gpu(ctx: RuleContext, dep: Deployment) -> str:
     if dep.tp_size > 1:  # the first GPU of a free contiguous run
         from ddtree_deploy.errors import RefusedError
         from ddtree_deploy.service.resolve import choose_gpus
@@ -50,13 +50,13 @@ def _suggest_gpu(ctx: Ctx, dep: Deployment) -> str:
     return f"--gpu {free[0]}" if free else "--gpu N"
 
 
-def gpu_problems(ctx: Ctx) -> Iterable[Finding]:
+def gpu_problems(ctx: RuleContext) -> Iterable[Finding]:
     dep = ctx.deployment
     if dep is None or dep.gpu_indices is None or not ctx.facts.nvidia.present:
         return
     gpus = {g.index: g for g in ctx.facts.nvidia.gpus}
     flag = _suggest_gpu(ctx, dep)
-    remedy = fx.service_up(ctx.host, dep.name, flag) + f" (free GPUs: {_free_gpus(ctx, dep)})"
+    remedy = findings.service_up(ctx.host, dep.name, flag) + f" (free GPUs: {_free_gpus(ctx, dep)})"
     for index in dep.gpu_indices:
         gpu = gpus.get(index)
         if gpu is None:
@@ -84,7 +84,7 @@ def gpu_problems(ctx: Ctx) -> Iterable[Finding]:
                 )  # fmt: skip
 
 
-def tp_gpus(ctx: Ctx) -> Iterable[Finding]:
+def tp_gpus(ctx: RuleContext) -> Iterable[Finding]:
     """A tensor-parallel deployment without a gpu: is there a free contiguous run for it?"""
     dep = ctx.deployment
     if dep is None or dep.gpu is not None or dep.tp_size == 1 or not ctx.facts.nvidia.present:
@@ -99,7 +99,7 @@ def tp_gpus(ctx: Ctx) -> Iterable[Finding]:
             id="deploy.tp-gpus", severity="error", message=exc.message,
             evidence={"tp_size": dep.tp_size, "free_gpus": _free_gpus(ctx, dep)},
             remedy=f"{exc.hint}; set tp_size (or gpu) for deployment {dep.name} in hosts.yaml "
-            f"and run {fx.apply(ctx.host, dep.name)}",
+            f"and run {findings.apply(ctx.host, dep.name)}",
         )  # fmt: skip
         return
     yield Finding(
@@ -110,7 +110,7 @@ def tp_gpus(ctx: Ctx) -> Iterable[Finding]:
     )  # fmt: skip
 
 
-def port_taken(ctx: Ctx) -> Iterable[Finding]:
+def port_taken(ctx: RuleContext) -> Iterable[Finding]:
     dep = ctx.deployment
     if dep is None or dep.port is None:
         return
@@ -126,11 +126,11 @@ def port_taken(ctx: Ctx) -> Iterable[Finding]:
         + ", ".join(f"{x.process or '?'} (PID {x.pid}, unit {x.unit or '?'})" for x in others),
         evidence={"port": dep.port, "own_unit": dep.unit_name,
                   "listeners": [x.model_dump() for x in others]},
-        remedy=fx.service_up(ctx.host, dep.name, f"--port {free or 'P'}"),
+        remedy=findings.service_up(ctx.host, dep.name, f"--port {free or 'P'}"),
     )  # fmt: skip
 
 
-def python_glibc(ctx: Ctx) -> Iterable[Finding]:
+def python_glibc(ctx: RuleContext) -> Iterable[Finding]:
     dep = ctx.deployment
     if dep is None:
         return
@@ -146,7 +146,8 @@ def python_glibc(ctx: Ctx) -> Iterable[Finding]:
             f"the venv has {python}",
             evidence={"python": python, "needs": str(wheel.python), "source": wheel.source},
             remedy="give the venv a fitting Python (hosts.yaml venvs.NAME.create.python, e.g. "
-            f'"3.12") and run {fx.apply(ctx.host, dep.name)}, or choose another sglang.version',
+            f'"3.12") and run {findings.apply(ctx.host, dep.name)}, or choose another '
+            "sglang.version",
         )  # fmt: skip
     glibc = ctx.facts.host_info.glibc
     have, need = parse_version(glibc), parse_version(wheel.glibc)
@@ -158,11 +159,11 @@ def python_glibc(ctx: Ctx) -> Iterable[Finding]:
             evidence={"glibc": glibc, "needs": wheel.glibc, "os": ctx.facts.host_info.os,
                       "source": wheel.source},
             remedy="deploy to a host with a newer OS, or set the deployment's sglang.version to "
-            f"a release whose wheel fits, then {fx.apply(ctx.host, dep.name)}",
+            f"a release whose wheel fits, then {findings.apply(ctx.host, dep.name)}",
         )  # fmt: skip
 
 
-def lane_mismatch(ctx: Ctx) -> Iterable[Finding]:
+def lane_mismatch(ctx: RuleContext) -> Iterable[Finding]:
     dep, report = ctx.deployment, ctx.lane_report
     if dep is None or report is None or report.lane is None or report.lane == dep.cuda_lane:
         return
@@ -172,11 +173,11 @@ def lane_mismatch(ctx: Ctx) -> Iterable[Finding]:
         f"torch {report.lane}",
         evidence={"venv": ctx.path, "venv_lane": report.lane, "deployment_lane": dep.cuda_lane,
                   "torch": ctx.venv.torch.version if ctx.venv and ctx.venv.torch else None},
-        remedy=fx.overlay(ctx.host, dep.cuda_lane, ctx.path),
+        remedy=findings.overlay(ctx.host, dep.cuda_lane, ctx.path),
     )  # fmt: skip
 
 
-def sglang_version(ctx: Ctx) -> Iterable[Finding]:
+def sglang_version(ctx: RuleContext) -> Iterable[Finding]:
     dep = ctx.deployment
     if dep is None or ctx.venv is None:
         return
@@ -189,11 +190,11 @@ def sglang_version(ctx: Ctx) -> Iterable[Finding]:
         message=f"deployment {dep.name} wants sglang {want}; venv {ctx.path} has "
         + (f"sglang {have}" if have else "no sglang"),
         evidence={"venv": ctx.path, "installed": have, "wanted": want},
-        remedy=fx.apply(ctx.host, dep.name),
+        remedy=findings.apply(ctx.host, dep.name),
     )  # fmt: skip
 
 
-def no_dflash(ctx: Ctx) -> Iterable[Finding]:
+def no_dflash(ctx: RuleContext) -> Iterable[Finding]:
     dep, info = ctx.deployment, ctx.venv.sglang if ctx.venv else None
     if dep is None or dep.algorithm not in DRAFTED or info is None or info.dflash_modules:
         return
@@ -205,22 +206,22 @@ def no_dflash(ctx: Ctx) -> Iterable[Finding]:
         evidence={"venv": ctx.path, "sglang": info.version, "dflash_modules": [],
                   "algorithm": dep.algorithm},
         remedy="set the deployment's sglang.version to 0.5.11 (first with DFlash) and run "
-        + fx.apply(ctx.host, dep.name),
+        + findings.apply(ctx.host, dep.name),
     )  # fmt: skip
 
 
-def _width(ctx: Ctx) -> int | None:
+def _width(ctx: RuleContext) -> int | None:
     mf = ctx.model_facts
     if mf is None or mf.target_config is None or mf.draft_config is None:
         return None
     return expected_width(mf.target_config, mf.draft_config)
 
 
-def ddtree_payload(ctx: Ctx) -> Iterable[Finding]:
+def ddtree_payload(ctx: RuleContext) -> Iterable[Finding]:
     dep, info = ctx.deployment, ctx.venv.sglang if ctx.venv else None
     if dep is None or dep.algorithm != "ddtree" or info is None or not info.dflash_modules:
         return
-    remedy = fx.payload_deploy(ctx.host, ctx.path)
+    remedy = findings.payload_deploy(ctx.host, ctx.path)
     if not dep.payload:
         remedy += " (and set payload: true for the deployment in hosts.yaml)"
     evidence = {"venv": ctx.path, "knows_ddtree": info.knows_ddtree,
@@ -269,7 +270,7 @@ def _named_backends(dep: Deployment) -> dict[str, str]:
     return named
 
 
-def ddtree_attention(ctx: Ctx) -> Iterable[Finding]:
+def ddtree_attention(ctx: RuleContext) -> Iterable[Finding]:
     """Full-tree DDTREE verifies with the triton backend only (the payload picks triton when
     none is named); shadow-linear verifies the chain, which every DFlash backend serves."""
     dep = ctx.deployment
@@ -297,8 +298,8 @@ def ddtree_attention(ctx: Ctx) -> Iterable[Finding]:
             f"backend; the deployment names {listed}, which the payload refuses at start",
             evidence=evidence,
             remedy=f"set attention_backend: triton (or leave it out) for deployment {dep.name} "
-            f"in hosts.yaml and run {fx.apply(ctx.host, dep.name)}, or "
-            + fx.service_up(ctx.host, dep.name, "--attention-backend triton")
+            f"in hosts.yaml and run {findings.apply(ctx.host, dep.name)}, or "
+            + findings.service_up(ctx.host, dep.name, "--attention-backend triton")
             + "; or set ddtree.shadow_linear: true to verify the chain only",
         )  # fmt: skip
 
@@ -312,7 +313,7 @@ def _flag_int(args: list[str], flag: str) -> int | None:
     return None
 
 
-def ddtree_verify_width(ctx: Ctx) -> Iterable[Finding]:
+def ddtree_verify_width(ctx: RuleContext) -> Iterable[Finding]:
     """budget + 1 < the drafter's block size: the verify width is too narrow for the draft."""
     dep, mf = ctx.deployment, ctx.model_facts
     if dep is None or dep.algorithm != "ddtree" or dep.ddtree is None or dep.ddtree.shadow_linear:

@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ddtree_deploy.config_schema import Deployment
+from ddtree_deploy.config.schema import Deployment
 from ddtree_deploy.facts.model import Facts, Venv
-from ddtree_deploy.rules import findings as fx
+from ddtree_deploy.rules import findings
 from ddtree_deploy.rules.checks import HOST_RULES, VENV_RULES
-from ddtree_deploy.rules.context import Ctx, Rule
+from ddtree_deploy.rules.context import Rule, RuleContext
 from ddtree_deploy.rules.deploy_checks import DEPLOY_HOST_RULES, DEPLOY_VENV_RULES
-from ddtree_deploy.rules.findings import Finding, sort_findings
-from ddtree_deploy.rules.lane import lane
+from ddtree_deploy.rules.findings import Finding, has_error, sort_findings
 from ddtree_deploy.rules.model_fit import ModelFacts, check_model_fit
+from ddtree_deploy.rules.venv_lane import lane
 
 
 def _targets(
@@ -32,13 +32,13 @@ def _targets(
     return []
 
 
-def _venv_missing(ctx: Ctx) -> Finding:
+def _venv_missing(ctx: RuleContext) -> Finding:
     dep = ctx.deployment
     known = sorted(v.path for v in ctx.facts.venvs if v.exists)
     if dep is not None:
         remedy = (
-            f"create it: {fx.venv_clone(ctx.host, dep.venv, 'SOURCE')} (or declare venvs."
-            f"{dep.venv}.create in hosts.yaml and run {fx.apply(ctx.host, dep.name)})"
+            f"create it: {findings.venv_clone(ctx.host, dep.venv, 'SOURCE')} (or declare venvs."
+            f"{dep.venv}.create in hosts.yaml and run {findings.apply(ctx.host, dep.name)})"
         )
     else:
         remedy = f"check the path; the venvs the probe found: {', '.join(known) or 'none'}"
@@ -51,7 +51,7 @@ def _venv_missing(ctx: Ctx) -> Finding:
     )  # fmt: skip
 
 
-def _run(rules: Iterable[Rule], ctx: Ctx) -> list[Finding]:
+def _run(rules: Iterable[Rule], ctx: RuleContext) -> list[Finding]:
     return [finding for rule in rules for finding in rule(ctx)]
 
 
@@ -71,7 +71,7 @@ def diagnose(
             lanes.append((path, report.lane))
     if deployment is not None:
         lanes.append((f"deployment {deployment.name}", deployment.cuda_lane))
-    base = Ctx(facts, deployment=deployment, model_facts=model_facts, lanes=tuple(lanes))
+    base = RuleContext(facts, deployment=deployment, model_facts=model_facts, lanes=tuple(lanes))
 
     out = _run(HOST_RULES, replace(base, venv_path=venv))
     for path, found in targets:
@@ -92,4 +92,4 @@ def diagnose(
 
 def exit_code(findings: Iterable[Finding]) -> int:
     """doctor's exit status: 1 when any finding is an error, else 0."""
-    return 1 if fx.has_error(findings) else 0
+    return 1 if has_error(findings) else 0

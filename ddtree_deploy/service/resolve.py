@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddtree_deploy.config import Deployment, HostSpec
+from ddtree_deploy.config.hosts import Deployment, HostSpec
 from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts, Gpu, GpuProcess, Listener
 from ddtree_deploy.rules.model_fit import (

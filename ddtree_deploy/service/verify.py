@@ -13,7 +13,8 @@ import io
 import re
 
 from ddtree_deploy.errors import DeployError, ExitCode
-from ddtree_deploy.transport.base import Command, Result, Transport
+from ddtree_deploy.transport.base import Result, Transport
+from ddtree_deploy.transport.command import Command
 
 VERIFY_TIMEOUT = 60.0
 _SMALL_TIMEOUT = 20.0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ddtree_deploy.transport.base import Command, ExecTransport, Result, Transport
+from ddtree_deploy.transport.base import ExecTransport, Result, Transport
+from ddtree_deploy.transport.command import Command
 
 if TYPE_CHECKING:
     from ddtree_deploy.transport.hostkeys import KnownHosts, fingerprint, host_key_name

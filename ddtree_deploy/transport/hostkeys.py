@@ -16,6 +16,10 @@ The file is parsed here (paramiko's HostKeys raises on `@cert-authority`): plain
 - a port-less line for a host on another port counts for port 22 only: refused, and the
   message says how to record the key.
 This module loads no paramiko: the facts path (OpenSSH) reads known_hosts too.
+
+Which host and file `hosts trust HOST` means (`trust_target`): a host of the hosts file,
+else an address (`addr`, `addr:port`, `[addr]:port`; `parse_address`) whose key goes to
+~/.ssh/known_hosts.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ import hmac
 import os
 import re
 import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from ddtree_deploy.errors import HostKeyError
+from ddtree_deploy.errors import HostKeyError, UsageError
 
 MAX_BYTES = 16 << 20  # a known_hosts file larger than this is refused, not read
 PIN_ALIAS = "ddtree-deploy-pinned"  # the name ssh looks the host up under, in the pinned file
@@ -322,3 +328,69 @@ def no_common_type_error(label: str, name: str, recorded: list[KnownKey],
         hint=f"check the host; if it was reinstalled, remove the old line from {path}, then "
         f"run `ddtree-deploy hosts trust {label}`",
     )
+
+
+# Where `hosts trust HOST` looks: a host of the hosts file, else an address --------------
+
+
+@dataclass(frozen=True)
+class TrustTarget:
+    label: str
+    address: str
+    port: int
+    known_hosts: Path
+
+
+Resolver = Callable[[str], TrustTarget]
+
+_BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\]:(?P<port>\d+)\Z")
+
+
+def default_known_hosts() -> Path:
+    return Path.home() / ".ssh" / "known_hosts"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`host`, `host:port`, `[host]:port` (IPv6 in brackets) -> (address, port)."""
+    text = text.strip()
+    if "@" in text:
+        text = text.split("@", 1)[1]
+    match = _BRACKETED.match(text)
+    if match:
+        address, port_text = match["addr"], match["port"]
+    elif text.count(":") == 1:
+        address, port_text = text.split(":")
+    else:
+        address, port_text = text, "22"
+    if not address or any(c.isspace() for c in address) or address.startswith("-"):
+        raise UsageError(f"not a host address: {text!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"not a TCP port: {port_text!r} (in {text!r})")
+    return address, int(port_text)
+
+
+def default_resolver(host: str) -> TrustTarget:
+    address, port = parse_address(host)
+    return TrustTarget(host, address, port, default_known_hosts())
+
+
+class TrustableHost(Protocol):
+    """What trust needs of a host of the hosts file (config's HostSpec; the transport layer
+    imports no config)."""
+
+    @property
+    def address(self) -> str | None: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def known_hosts(self) -> Path: ...
+
+
+def trust_target(hosts: Mapping[str, TrustableHost] | None, host: str) -> TrustTarget:
+    """A host of the hosts file (`hosts`, when there is one), else an address."""
+    if hosts is not None and host in hosts:
+        spec = hosts[host]
+        if not spec.address:
+            raise UsageError(f"{host} is an ~/.ssh/config alias: trust it with ssh itself")
+        return TrustTarget(host, spec.address, spec.port, spec.known_hosts)
+    return default_resolver(host)

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import typer
 
-from ddtree_deploy.cli_common import console, print_json
+from ddtree_deploy.cli.common import console, print_json
 from ddtree_deploy.errors import ExitCode
 
 app = typer.Typer(help="The local lab: systemd-nspawn hosts ct129 and ct200 (a rehearsal).",
@@ -35,7 +35,7 @@ def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
                 "unshaped again by `lab down` and by the next `lab up`"),
        ) -> None:
     """Bring the lab up (clearing leftovers of an earlier run first)."""
-    from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table
     from ddtree_lab import manager
 
     with err.status("lab up ..."):
@@ -62,7 +62,7 @@ def down(purge: bool = typer.Option(False, "--purge",
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """Show each lab host: container running, sshd answering."""
-    from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table
     from ddtree_lab import manager
 
     rows = manager.status()

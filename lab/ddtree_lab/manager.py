@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ddtree_deploy import paths
+from ddtree_deploy import xdg
 from ddtree_deploy.errors import TransportError
 from ddtree_lab import container, keys, lock, netns, provision, rootfs, wheelhouse
 from ddtree_lab.errors import LabError
@@ -46,11 +46,11 @@ class HostStatus:
 
 
 def lab_state_dir() -> Path:
-    return paths.state_dir() / "lab"
+    return xdg.state_dir() / "lab"
 
 
 def lab_cache_dir() -> Path:
-    return paths.cache_dir() / "lab"
+    return xdg.cache_dir() / "lab"
 
 
 def _state_file() -> Path:
@@ -79,9 +79,9 @@ def _require_root() -> None:
 
 def _end_kept_connection(address: str) -> bool:
     """End the OpenSSH master the tool keeps to a lab host (facts: ssh_persist), if any."""
-    from ddtree_deploy.config_schema import HostSpec
-    from ddtree_deploy.connect import openssh_transport
+    from ddtree_deploy.config.schema import HostSpec
     from ddtree_deploy.transport import openssh
+    from ddtree_deploy.transport.connect import openssh_transport
 
     if not openssh.available():
         return False

@@ -32,7 +32,7 @@ SUBNET_PREFIX = "10.77"
 
 
 @dataclass(frozen=True)
-class GpuSpec:
+class LabGpu:
     index: int
     name: str
     uuid: str
@@ -72,7 +72,7 @@ class LabHost:
     name: str
     kind: str  # the cached provisioning layer it shares: "ct129" or "ct200"
     octet: int  # third octet of its /30
-    gpus: tuple[GpuSpec, ...]
+    gpus: tuple[LabGpu, ...]
     venvs: tuple[VenvRecipe, ...]
     units: tuple[str, ...] = field(default_factory=tuple)  # lab units enabled at boot
     nvcc_release: str | None = None  # a CUDA toolkit under /usr/local/cuda, as on ct200
@@ -103,8 +103,8 @@ def _uuid(host: int, index: int) -> str:
     return f"GPU-{host:04x}{index:04x}-1ab2-4c3d-8e4f-{host:06x}{index:06x}"
 
 
-def _a6000(index: int, dead: bool = False) -> GpuSpec:
-    return GpuSpec(
+def _a6000(index: int, dead: bool = False) -> LabGpu:
+    return LabGpu(
         index=index,
         name="NVIDIA RTX A6000",
         uuid=_uuid(129, index),
@@ -116,8 +116,8 @@ def _a6000(index: int, dead: bool = False) -> GpuSpec:
     )
 
 
-def _pro6000(host_octet: int, index: int) -> GpuSpec:
-    return GpuSpec(
+def _pro6000(host_octet: int, index: int) -> LabGpu:
+    return LabGpu(
         index=index,
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
         uuid=_uuid(host_octet, index),

@@ -22,7 +22,7 @@ from ddtree_deploy.facts.gather import gather
 from ddtree_deploy.facts.model import Facts
 
 if TYPE_CHECKING:
-    from ddtree_deploy.config import Config, Deployment, HostSpec
+    from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
     from ddtree_deploy.converge.hoststate import HostState
     from ddtree_deploy.facts.model import Venv
     from ddtree_deploy.transport.base import ExecTransport

@@ -23,7 +23,7 @@ from packaging.requirements import Requirement as Pep508
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import paths
+from ddtree_deploy import xdg
 from ddtree_deploy.converge.steps._install_uv import ensure_uv, remote_home
 from ddtree_deploy.errors import ConfigError, DeployError, RemoteCommandError
 from ddtree_deploy.transport import Command, ExecTransport
@@ -187,7 +187,7 @@ def wheelhouse(
     """
     tag, version = _python_tag(python_version)
     plats = platform_tags(glibc)
-    folder = (cache if cache is not None else paths.cache_dir()) / "wheelhouse" / tag
+    folder = (cache if cache is not None else xdg.cache_dir()) / "wheelhouse" / tag
     folder.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(folder)
     out: list[Path] = []

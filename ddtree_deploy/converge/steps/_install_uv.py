@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ddtree_deploy import paths
+from ddtree_deploy import xdg
 from ddtree_deploy.errors import DeployError, RemoteCommandError
 from ddtree_deploy.transport import Command, ExecTransport
 
@@ -47,7 +47,7 @@ def uv_version(t: ExecTransport, uv: str, *, sudo: bool) -> str | None:
 
 def uv_binary(version: str = UV_VERSION, *, cache: Path | None = None) -> Path:
     """The uv binary of the manylinux x86_64 wheel, downloaded and extracted once."""
-    folder = (cache if cache is not None else paths.cache_dir()) / "uv"
+    folder = (cache if cache is not None else xdg.cache_dir()) / "uv"
     binary = folder / version / "uv"
     if binary.is_file():
         return binary

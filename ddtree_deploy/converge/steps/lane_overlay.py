@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
-from ddtree_deploy.rules.lane import lane
+from ddtree_deploy.rules.venv_lane import lane
 
 KIND = "lane.overlay"
 
@@ -41,8 +41,8 @@ def plan(ctx: Planning) -> list[Step]:
 
 def act(ctx: Acting, step: Step) -> None:
     # What acting needs is imported when it acts (zstandard among it): plan stays light.
-    from ddtree_deploy.overlay.cache import BlobCache
-    from ddtree_deploy.overlay.lane import load_lane
+    from ddtree_deploy.overlay.blobcache import BlobCache
+    from ddtree_deploy.overlay.lanefile import load_lane
     from ddtree_deploy.overlay.run import run_overlay
 
     p = params(step, LaneOverlay)

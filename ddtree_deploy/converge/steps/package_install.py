@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.requirements import Requirement as Pep508
 from packaging.utils import canonicalize_name
 
-from ddtree_deploy.config import Deployment
+from ddtree_deploy.config.hosts import Deployment
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
 from ddtree_deploy.converge.steps._install import Requirement, install, satisfied, wheelhouse
 from ddtree_deploy.converge.steps._install_deps import closure, pinned
@@ -60,7 +60,7 @@ def plan(ctx: Planning) -> list[Step]:
 
 
 def act(ctx: Acting, step: Step) -> None:
-    from ddtree_deploy.overlay.lane import load_lane  # acting only: plan stays light
+    from ddtree_deploy.overlay.lanefile import load_lane  # acting only: plan stays light
 
     p = params(step, PackageInstall)
     now = ctx.facts.current()  # python, glibc; what the venv has (after venv/lane steps)

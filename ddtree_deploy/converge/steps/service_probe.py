@@ -14,7 +14,7 @@ from ddtree_deploy.errors import DeployError
 from ddtree_deploy.service.spec import PORT_KEY
 
 if TYPE_CHECKING:
-    from ddtree_deploy.health.probe import ProbeTarget
+    from ddtree_deploy.health.check import ProbeTarget
 
 KIND = "service.probe"
 
@@ -29,7 +29,7 @@ def target_of(text: str, unit: str | None, host: str, port: int | None = None
               ) -> ProbeTarget | None:
     """What to probe for a unit of text `text` (`port` overrides its own), or None when
     no port is known."""
-    from ddtree_deploy.health.probe import ProbeTarget  # probing only: plan stays light
+    from ddtree_deploy.health.check import ProbeTarget  # probing only: plan stays light
 
     port = port if port is not None else unit_port(text)
     if port is None:
@@ -46,7 +46,7 @@ def plan(ctx: Planning) -> list[Step]:
 
 
 def act(ctx: Acting, step: Step) -> str:
-    from ddtree_deploy.health.probe import probe_service
+    from ddtree_deploy.health.check import probe_service
     from ddtree_deploy.service import install
 
     unit, host = params(step, UnitParams).unit, ctx.host.name

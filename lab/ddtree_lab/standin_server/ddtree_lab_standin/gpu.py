@@ -49,7 +49,7 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class GpuSpec:
+class GpuSetup:
     driver_version: str
     cuda_version: str
     gpus: tuple[Gpu, ...]
@@ -90,26 +90,26 @@ def _gpu(raw: Any) -> Gpu:
         raise GpuSpecError(f"bad gpu entry {raw!r}: {exc}") from exc
 
 
-def load_spec(path: Path | None = None) -> GpuSpec:
+def load_spec(path: Path | None = None) -> GpuSetup:
     """Read the spec; a missing file means a host without GPUs (no driver)."""
     path = path or spec_path()
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return GpuSpec(driver_version="", cuda_version="", gpus=())
+        return GpuSetup(driver_version="", cuda_version="", gpus=())
     except (OSError, ValueError) as exc:
         raise GpuSpecError(f"{path}: {exc}") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("gpus", []), list):
         raise GpuSpecError(f"{path}: expected an object with a 'gpus' list")
     gpus = tuple(sorted((_gpu(g) for g in raw.get("gpus", [])), key=lambda g: g.index))
-    return GpuSpec(
+    return GpuSetup(
         driver_version=str(raw.get("driver_version", "")),
         cuda_version=str(raw.get("cuda_version", "")),
         gpus=gpus,
     )
 
 
-def visible_gpus(spec: GpuSpec, env: str | None) -> list[Gpu]:
+def visible_gpus(spec: GpuSetup, env: str | None) -> list[Gpu]:
     """The GPUs a CUDA process sees, in order, for a CUDA_VISIBLE_DEVICES value.
 
     As the CUDA runtime does: unset means all; entries are indices or UUID

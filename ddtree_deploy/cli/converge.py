@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from ddtree_deploy.cli_common import config_of, console, hosts_or_all, print_json
-from ddtree_deploy.cli_files import output_path, read_input, write_output
-from ddtree_deploy.cli_text import esc, plain
+from ddtree_deploy.cli.common import config_of, console, hosts_or_all, print_json
+from ddtree_deploy.cli.files import output_path, read_input, write_output
+from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.errors import ExitCode, UsageError
 
 out = console(soft_wrap=True)
@@ -79,7 +79,7 @@ def apply(
     does not stop the others."""
     from ddtree_deploy.converge.runner import apply_host, make_plan
     from ddtree_deploy.converge.steps import Plan, Step
-    from ddtree_deploy.fanout import exit_code, fan_out
+    from ddtree_deploy.transport.fanout import exit_code, fan_out
 
     config = config_of(ctx)
     saved: Plan | None = None

@@ -1,8 +1,8 @@
 """Find and load hosts.yaml: every problem in the file, reported at once, by line.
 
-``load_config(path)`` reads the file once (ddtree_deploy.yamlload keeps the line
+``load_config(path)`` reads the file once (ddtree_deploy.config.yamlload keeps the line
 of every node), validates each host and deployment against the models of
-ddtree_deploy.config_schema, then checks what refers to what (jump hosts, venv
+ddtree_deploy.config.schema, then checks what refers to what (jump hosts, venv
 clones, a deployment's host and venv, clashing ports, GPUs and service names).
 All problems end up in one ConfigError, one line each::
 
@@ -21,12 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddtree_deploy.config_errors import describe, english
-from ddtree_deploy.config_schema import (
+from ddtree_deploy.config.messages import describe, english
+from ddtree_deploy.config.schema import (
     HOST_NAME_RE,
     DdtreeSpec,
     Deployment,
-    GpuSpec,
+    ExpectedGpus,
     HostSpec,
     SglangSpec,
     VenvCreate,
@@ -34,13 +34,13 @@ from ddtree_deploy.config_schema import (
     expand_vars,
     local_host,
 )
+from ddtree_deploy.config.yamlload import LoadedYaml, PathKey, Problem, load_yaml_file, path_part
 from ddtree_deploy.errors import ConfigError
-from ddtree_deploy.paths import config_dir
 from ddtree_deploy.resources import embedded_hosts_file
-from ddtree_deploy.yamlload import LoadedYaml, PathKey, Problem, load_yaml_file, path_part
+from ddtree_deploy.xdg import config_dir
 
 __all__ = [
-    "Config", "DdtreeSpec", "Deployment", "GpuSpec", "HostSpec", "SglangSpec", "VenvCreate",
+    "Config", "DdtreeSpec", "Deployment", "ExpectedGpus", "HostSpec", "SglangSpec", "VenvCreate",
     "VenvSpec", "expand_vars", "find_hosts_file", "load_config",
 ]  # fmt: skip
 

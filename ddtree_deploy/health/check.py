@@ -33,7 +33,8 @@ from ddtree_deploy.health.signatures import Match, match_line
 from ddtree_deploy.remote.bundle import text
 from ddtree_deploy.remote.runner import run_json
 from ddtree_deploy.service.spec import ServiceSpec
-from ddtree_deploy.transport.base import Command, Transport
+from ddtree_deploy.transport.base import Transport
+from ddtree_deploy.transport.command import Command
 
 Status = Literal["healthy", "unhealthy", "deadline"]
 REMOTE_SCRIPT = "health.py"  # in remote/

@@ -6,57 +6,12 @@ HOST is a name from the hosts file; `trust` also takes `addr`, `addr:port` or
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-
 import typer
 
-from ddtree_deploy.cli_common import config_of, console, hosts_or_all
-from ddtree_deploy.errors import ConfigError, UsageError
-from ddtree_deploy.fanout import exit_code, fan_out
-
-
-@dataclass(frozen=True)
-class TrustTarget:
-    label: str
-    address: str
-    port: int
-    known_hosts: Path
-
-
-Resolver = Callable[[str], TrustTarget]
-
-_BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\]:(?P<port>\d+)\Z")
-
-
-def default_known_hosts() -> Path:
-    return Path.home() / ".ssh" / "known_hosts"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`host`, `host:port`, `[host]:port` (IPv6 in brackets) -> (address, port)."""
-    text = text.strip()
-    if "@" in text:
-        text = text.split("@", 1)[1]
-    match = _BRACKETED.match(text)
-    if match:
-        address, port_text = match["addr"], match["port"]
-    elif text.count(":") == 1:
-        address, port_text = text.split(":")
-    else:
-        address, port_text = text, "22"
-    if not address or any(c.isspace() for c in address) or address.startswith("-"):
-        raise UsageError(f"not a host address: {text!r}")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise UsageError(f"not a TCP port: {port_text!r} (in {text!r})")
-    return address, int(port_text)
-
-
-def default_resolver(host: str) -> TrustTarget:
-    address, port = parse_address(host)
-    return TrustTarget(host, address, port, default_known_hosts())
+from ddtree_deploy.cli.common import config_of, console, hosts_or_all
+from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.transport.fanout import exit_code, fan_out
+from ddtree_deploy.transport.hostkeys import TrustTarget, trust_target
 
 
 def _ask(question: str) -> bool:
@@ -72,12 +27,7 @@ def resolve(ctx: typer.Context, host: str) -> TrustTarget:
         config = config_of(ctx)
     except ConfigError:
         config = None
-    if config is not None and host in config.hosts:
-        spec = config.host(host)
-        if not spec.address:
-            raise UsageError(f"{host} is an ~/.ssh/config alias: trust it with ssh itself")
-        return TrustTarget(host, spec.address, spec.port, spec.known_hosts)
-    return default_resolver(host)
+    return trust_target(config.hosts if config is not None else None, host)
 
 
 app = typer.Typer(help="Hosts of the hosts file: list, check over SSH, trust keys.",
@@ -88,7 +38,7 @@ out = console()
 @app.command("list")
 def list_hosts(ctx: typer.Context) -> None:
     """The hosts and deployments of the hosts file (validated in full)."""
-    from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table
 
     config = config_of(ctx)
     table = make_table(f"hosts ({config.path})", ("host", "target", "user", "GPUs expected",
@@ -114,9 +64,9 @@ def check(
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
 ) -> None:
     """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""
-    from ddtree_deploy.cli_text import cell
+    from ddtree_deploy.cli.render_table import add_row, make_table, notes
+    from ddtree_deploy.cli.text import cell
     from ddtree_deploy.hostcheck import check_host
-    from ddtree_deploy.render_table import add_row, make_table, notes
 
     config = config_of(ctx)
     names = hosts_or_all(config, hosts)
@@ -184,8 +134,8 @@ def disconnect(
     hosts: list[str] = typer.Argument(None, help="hosts whose connection to end (default: all)"),
 ) -> None:
     """End the OpenSSH master connections that facts gathering keeps open (ssh_persist)."""
-    from ddtree_deploy.connect import openssh_transport
     from ddtree_deploy.transport import openssh
+    from ddtree_deploy.transport.connect import openssh_transport
 
     if not openssh.available():
         out.print("no OpenSSH client here: no kept connections")

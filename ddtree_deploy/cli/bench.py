@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from ddtree_deploy.cli_common import config_of, console, is_tty, print_json, rich_console
+from ddtree_deploy.cli.common import config_of, console, is_tty, print_json, rich_console
 from ddtree_deploy.errors import ExitCode, UsageError
 
 
@@ -93,9 +93,9 @@ def run(
     from ddtree_deploy.bench.results import Results, results_dir
     from ddtree_deploy.bench.server import PlainControl, SystemdControl
     from ddtree_deploy.bench.sweep import SweepInterrupted, make_plan, run_sweep
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.lock import HostLock
     from ddtree_deploy.transport import Command
+    from ddtree_deploy.transport.connect import open_transport
 
     if mode not in ("auto", "systemd", "plain"):
         raise UsageError(f"--mode must be auto, systemd or plain, got {mode!r}")

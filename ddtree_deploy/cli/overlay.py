@@ -7,9 +7,9 @@ from typing import Any
 
 import typer
 
-from ddtree_deploy.cli_common import config_of, console, print_json, rich_console
-from ddtree_deploy.cli_text import plain
-from ddtree_deploy.config import Config
+from ddtree_deploy.cli.common import config_of, console, print_json, rich_console
+from ddtree_deploy.cli.text import plain
+from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.errors import ExitCode, UsageError
 
 app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_kernel) between "
@@ -73,8 +73,8 @@ def overlay(
     _host_path(venv, "--venv")
     _host_path(from_venv, "--from-venv")
     from ddtree_deploy.facts.cache import FactsCache
-    from ddtree_deploy.overlay.cache import BlobCache
-    from ddtree_deploy.overlay.lane import load_lane
+    from ddtree_deploy.overlay.blobcache import BlobCache
+    from ddtree_deploy.overlay.lanefile import load_lane
     from ddtree_deploy.overlay.progress import RichProgress
     from ddtree_deploy.overlay.render import render_plan
     from ddtree_deploy.overlay.run import make_plan, run_fleet
@@ -124,9 +124,9 @@ def overlay(
 def rollback(ctx: typer.Context, host: str = typer.Argument(...),
              venv: str = typer.Option(..., "--venv")) -> None:
     """Undo the latest overlay of the venv, byte for byte, from its backup."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.overlay import apply as remote_apply
+    from ddtree_deploy.transport.connect import open_transport
 
     _host_path(venv, "--venv")
     config = config_of(ctx)
@@ -143,8 +143,8 @@ def history(ctx: typer.Context, host: str = typer.Argument(...),
             venv: str = typer.Option(None, "--venv", help="default: every venv of the host"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Every overlay applied to (and rolled back from) the host's venvs."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.overlay import apply as remote_apply
+    from ddtree_deploy.transport.connect import open_transport
 
     _host_path(venv, "--venv")
     config = config_of(ctx)

@@ -26,18 +26,15 @@ def build_app() -> "typer.Typer":
     """The Typer app with every command (imported here: main() guards the imports)."""
     import typer
 
-    from ddtree_deploy import (
-        __version__,
-        cli_bench,
-        cli_converge,
-        cli_hosts,
-        cli_inventory,
-        cli_overlay,
-        cli_payload,
-        cli_plugins,
-        cli_service,
-        cli_venv,
-    )
+    from ddtree_deploy import __version__, cli_plugins
+    from ddtree_deploy.cli import bench as cli_bench
+    from ddtree_deploy.cli import converge as cli_converge
+    from ddtree_deploy.cli import hosts as cli_hosts
+    from ddtree_deploy.cli import inventory as cli_inventory
+    from ddtree_deploy.cli import overlay as cli_overlay
+    from ddtree_deploy.cli import payload as cli_payload
+    from ddtree_deploy.cli import service as cli_service
+    from ddtree_deploy.cli import venv as cli_venv
 
     if os.environ.get("NO_COLOR"):  # help and usage errors too: no colour, bold or italic
         from typer import rich_utils
@@ -91,13 +88,13 @@ def _wants_json(args: list[str]) -> bool:
 
 
 def _stderr(markup: str) -> None:
-    from ddtree_deploy.cli_common import console
+    from ddtree_deploy.cli.common import console
 
     console(stderr=True).print(markup, highlight=False, soft_wrap=True)
 
 
 def _report(exc: Exception, code: int, as_json: bool) -> None:
-    from ddtree_deploy.cli_text import esc
+    from ddtree_deploy.cli.text import esc
 
     if as_json:
         sys.stdout.write(json.dumps({"error": str(exc), "exit_code": code}, indent=2) + "\n")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from ddtree_deploy.cli_common import config_of, console, print_json
-from ddtree_deploy.cli_text import esc, plain
+from ddtree_deploy.cli.common import config_of, console, print_json
+from ddtree_deploy.cli.text import esc, plain
 
 app = typer.Typer(help="The DDTree runtime as a payload on a venv's SGLang.", no_args_is_help=True)
 out = console(soft_wrap=True)
@@ -48,9 +48,9 @@ def _fail_on_checks(outcome) -> None:
 def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
            payload: Path = PAYLOAD, as_json: bool = typer.Option(False, "--json")) -> None:
     """Install the payload on the venv's sglang (refused unless its upstream files match)."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.payload import deploy as ops
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec = config.host(host)
@@ -66,8 +66,8 @@ def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
 def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
            payload: Path = PAYLOAD, as_json: bool = typer.Option(False, "--json")) -> None:
     """Run the payload's checks in the venv's own python (says what it had to skip)."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.payload import deploy as ops
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     manifest, _ = _manifest(payload)
@@ -89,9 +89,9 @@ def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
 def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Restore the upstream files byte for byte and remove what the payload added."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.payload import deploy as ops
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec = config.host(host)
@@ -105,12 +105,12 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
 def status(ctx: typer.Context, host: str = typer.Argument(...),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Which payload version is on each venv of the host (declared and discovered)."""
-    from ddtree_deploy.cli_text import cell
-    from ddtree_deploy.connect import open_transport
+    from ddtree_deploy.cli.render_table import add_row, make_table
+    from ddtree_deploy.cli.text import cell
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.facts.gather import collect
     from ddtree_deploy.payload import deploy as ops
-    from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec = config.host(host)

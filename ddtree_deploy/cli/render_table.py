@@ -14,7 +14,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ddtree_deploy.cli_text import cell, plain
+from ddtree_deploy.cli.text import cell, plain
 
 
 def make_table(title: str, columns: Sequence[str]) -> Table:

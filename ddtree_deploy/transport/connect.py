@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddtree_deploy.config import Config, HostSpec
+from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.transport.base import ExecTransport
 
 if TYPE_CHECKING:

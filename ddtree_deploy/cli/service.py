@@ -7,9 +7,9 @@ from typing import Any
 import typer
 
 from ddtree_deploy import __version__
-from ddtree_deploy.cli_common import config_of, console, print_json
-from ddtree_deploy.cli_text import esc, plain
-from ddtree_deploy.config import Config, HostSpec
+from ddtree_deploy.cli.common import config_of, console, print_json
+from ddtree_deploy.cli.text import esc, plain
+from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.errors import DeployError, UsageError
 
 app = typer.Typer(help="SGLang services on a host: render, up, down, status, logs, list.",
@@ -45,10 +45,10 @@ def render(
                                 help="check the unit with systemd-analyze on the host"),
 ) -> None:
     """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST)."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.service.render import render_unit
     from ddtree_deploy.service.resolve import Overrides, build_spec
     from ddtree_deploy.service.verify import verify_unit
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec_host = config.host(host)
@@ -96,17 +96,17 @@ def up(
     no_probe: bool = typer.Option(False, "--no-probe", help="install and start only"),
 ) -> None:
     """Render, verify, install and (re)start a service, then probe it."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.steps.service_probe import target_of
     from ddtree_deploy.converge.steps.unit_install import install_unit
     from ddtree_deploy.service import install
     from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.transport.connect import open_transport
 
     if algorithm is not None and algorithm not in ("none", "dflash", "ddtree"):
         raise UsageError(f"--algorithm must be none, dflash or ddtree, got {algorithm!r}")
     from typing import get_args
 
-    from ddtree_deploy.config_schema import SamplingBackend
+    from ddtree_deploy.config.schema import SamplingBackend
 
     if sampling_backend is not None and sampling_backend not in get_args(SamplingBackend):
         raise UsageError(f"--sampling-backend must be {', '.join(get_args(SamplingBackend))} "
@@ -143,7 +143,7 @@ def up(
 def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_json: bool,
                     pid: int | None = None, log_file: str | None = None,
                     warmup: float | None = None, input_ids: bool | None = None) -> None:
-    from ddtree_deploy.health.probe import WARMUP_S, ProbeTarget, probe_service
+    from ddtree_deploy.health.check import WARMUP_S, ProbeTarget, probe_service
 
     label = unit or f"port {port}"
     with err.status(f"probing {label} ...") as status:
@@ -182,8 +182,8 @@ def down(
     remove: bool = typer.Option(False, "--remove", help="also delete the unit file"),
 ) -> None:
     """Stop and disable one of the tool's services (others' units are never touched)."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.service import install
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec_host = config.host(host)
@@ -205,9 +205,9 @@ def _unit_of(config: Config, name: str) -> str:
 def list_(ctx: typer.Context, host: str = typer.Argument(...),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """The services this tool created on HOST, with their state."""
-    from ddtree_deploy.connect import open_transport
-    from ddtree_deploy.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table
     from ddtree_deploy.service import install
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     with open_transport(config, config.host(host)) as t:
@@ -228,8 +228,8 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
            name: str = typer.Argument(None), as_json: bool = typer.Option(False, "--json")
            ) -> None:
     """State of one service (or all of the tool's services) on HOST."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.service import install
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     with open_transport(config, config.host(host)) as t:
@@ -253,8 +253,8 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
 def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.Argument(...),
          lines: int = typer.Option(200, "-n", "--lines", min=1, max=100000)) -> None:
     """The service's journal (last N lines)."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.service import install
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     unit = _unit_of(config, name)
@@ -287,9 +287,9 @@ def probe(
 ) -> None:
     """Is the service healthy? Fail-fast on crashes (known signatures), bounded by --deadline;
     healthy when a greedy and a sampled generation answered (first tokens within --warmup)."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.steps.service_probe import target_of
     from ddtree_deploy.service import install
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec_host = config.host(host)

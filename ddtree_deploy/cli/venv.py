@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy.cli_common import config_of, console
-from ddtree_deploy.cli_text import plain
+from ddtree_deploy.cli.common import config_of, console
+from ddtree_deploy.cli.text import plain
 
 app = typer.Typer(help="Venvs on a host.", no_args_is_help=True)
 out = console(soft_wrap=True)
@@ -21,9 +21,9 @@ def clone(ctx: typer.Context, host: str = typer.Argument(...),
           src: str = typer.Argument(..., help="the venv to copy (a path on the host)"),
           dst: str = typer.Argument(..., help="where the copy goes (must not exist)")) -> None:
     """Copy a venv on its host: symlinks kept, scripts' shebangs and pyvenv.cfg fixed."""
-    from ddtree_deploy.connect import open_transport
     from ddtree_deploy.converge.steps._venv_clone import clone as do_clone
     from ddtree_deploy.facts.cache import FactsCache
+    from ddtree_deploy.transport.connect import open_transport
 
     config = config_of(ctx)
     spec = config.host(host)

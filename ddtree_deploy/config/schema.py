@@ -2,7 +2,7 @@
 
 Every model is strict (a port is an integer, not the string "22") and forbids
 unknown fields. Names are the mapping keys. Loading, cross-references and the
-plain-English error messages live in ddtree_deploy.config (which re-exports these
+plain-English error messages live in ddtree_deploy.config.hosts (which re-exports these
 models); this module holds the shapes and the checks of single values.
 
 Paths may use ``~`` and ``${VAR}`` / ``${VAR:-default}``; they are expanded when
@@ -302,7 +302,7 @@ class _Model(BaseModel):
         return None if value is None else str(value)
 
 
-class GpuSpec(_Model):
+class ExpectedGpus(_Model):
     count: NonNegInt
     model: Annotated[str, BeforeValidator(quoted_text("a GPU model name"))] | None = None
 
@@ -342,7 +342,7 @@ class HostSpec(_Model):
     # last use, as Ansible does; 0: a new connection each time (paramiko).
     ssh_persist: NonNegSeconds = 60.0
     sudo: Sudo = "auto"
-    gpus: GpuSpec | None = None
+    gpus: ExpectedGpus | None = None
     venvs: dict[ItemName, VenvSpec] = Field(default_factory=dict)
     models: dict[ItemName, RemotePath] = Field(default_factory=dict)
 

@@ -23,12 +23,12 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from ddtree_deploy.config_schema import quoted_text
+from ddtree_deploy.config.schema import quoted_text
+from ddtree_deploy.config.yamlload import Problem, load_yaml_file
+from ddtree_deploy.config.yamlmodel import load_model
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.remote.facts_parse import canonical_name
 from ddtree_deploy.resources import data_path
-from ddtree_deploy.yamlload import Problem, load_yaml_file
-from ddtree_deploy.yamlmodel import load_model
 
 LANE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 HOST_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")

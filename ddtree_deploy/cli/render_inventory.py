@@ -12,12 +12,12 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ddtree_deploy.cli_text import cell, plain
+from ddtree_deploy.cli.render_table import add_row, make_table, notes
+from ddtree_deploy.cli.text import cell, plain
 from ddtree_deploy.facts.model import Facts, Gpu
-from ddtree_deploy.fanout import Outcome
-from ddtree_deploy.render_table import add_row, make_table, notes
 from ddtree_deploy.rules.findings import Finding
-from ddtree_deploy.rules.lane import lane
+from ddtree_deploy.rules.venv_lane import lane
+from ddtree_deploy.transport.fanout import Outcome
 
 KEY_PACKAGES = ("sglang", "sglang-kernel", "flashinfer-python", "xgrammar", "soundfile")
 SHORT = {"sglang-kernel": "kernel", "flashinfer-python": "flashinfer"}

@@ -6,11 +6,11 @@ import contextlib
 
 import typer
 
-from ddtree_deploy.cli_common import config_of, console, hosts_or_all, is_tty, print_json
+from ddtree_deploy.cli.common import config_of, console, hosts_or_all, is_tty, print_json
 from ddtree_deploy.errors import ExitCode, UsageError
 from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.gather import collect
-from ddtree_deploy.fanout import exit_code
+from ddtree_deploy.transport.fanout import exit_code
 
 out = console()
 err = console(stderr=True)
@@ -44,7 +44,7 @@ def inventory(
         ]
         print_json(out, payload)
     else:
-        from ddtree_deploy.render_inventory import failures, gpu_table, venv_table
+        from ddtree_deploy.cli.render_inventory import failures, gpu_table, venv_table
 
         out.print(gpu_table(outcomes))
         out.print(venv_table(outcomes, width=out.width))
@@ -102,7 +102,7 @@ def doctor(
             "findings": [f.to_json() for f in findings],
         })
     else:
-        from ddtree_deploy.render_inventory import findings_table
+        from ddtree_deploy.cli.render_inventory import findings_table
 
         out.print(findings_table(spec.name, venv, findings))
     if any(f.severity == "error" for f in findings):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import typer
 
-from ddtree_deploy.config import Config, find_hosts_file, load_config
+from ddtree_deploy.config.hosts import Config, find_hosts_file, load_config
 from ddtree_deploy.errors import UsageError
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from ddtree_deploy import paths
+from ddtree_deploy import xdg
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.localproc import pid_alive
 
@@ -62,7 +62,7 @@ def check_sha(sha256: str) -> str:
 
 
 def default_root() -> Path:
-    return paths.cache_dir() / "blobs"
+    return xdg.cache_dir() / "blobs"
 
 
 class BlobCache:
