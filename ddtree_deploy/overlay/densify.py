@@ -1,6 +1,6 @@
 """The blob cache recompressed harder, off the critical path.
 
-While a transfer streams, the cache writes each blob at a fast level (cache.STORE_LEVEL:
+While a transfer streams, the cache writes each blob at a fast level (blobcache.STORE_LEVEL:
 nearly a copy; CPU is the scarce thing then). A later target is served from the cache in
 one hop, and where it has zstd the cache's own frames go on the wire as they are stored
 (transfer.py): so a denser frame is fewer bytes for every later target, at no CPU cost
