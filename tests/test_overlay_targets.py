@@ -37,3 +37,10 @@ def test_fleet_summary_keeps_each_failure_its_own() -> None:
     assert fleet_summary(fleet, "cu130")["result"] == "failed"
     one = fleet_summary(FleetResult([OverlayResult("ct200", "/a")]), "cu130")
     assert one["target"] == {"host": "ct200", "venv": "/a"} and "targets" not in one
+
+
+def test_the_cache_recompression_is_named_only_when_started() -> None:
+    started = FleetResult([OverlayResult("ct200", "/a")], densify_pid=4321)
+    assert fleet_summary(started, "cu130")["recompressing_cache"] == {"pid": 4321}
+    assert "recompressing_cache" not in fleet_summary(
+        FleetResult([OverlayResult("ct200", "/a")]), "cu130")
