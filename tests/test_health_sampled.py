@@ -77,7 +77,7 @@ class H(BaseHTTPRequestHandler):
                 time.sleep(stall)  # the sampling kernels compile on first use
             out = []
             for i in range(n):
-                if kernels and mode == "hang" and i == 5:
+                if kernels and (mode == "hang" and i == 5 or mode == "hang1" and i == 1):
                     time.sleep(stall)  # DFLASH's sampled verify on dummy weights: never returns
                 tok = 0 if mode == "nan" else 100 + (i * 7) % 50
                 out.append(tok)
@@ -196,6 +196,28 @@ def test_a_sampled_generation_stuck_mid_way_is_unhealthy_with_what_was_seen(star
     assert len(hint) == 1 and not hint[0]["fatal"]
     assert "greedy requests answered" in hint[0]["diagnosis"]
     assert "--warmup" in hint[0]["remedy"]
+
+
+def test_a_sampled_generation_stuck_after_its_first_token_says_so_when_warm_up_ends(
+        start: Any) -> None:
+    """The first token came, then nothing: asked again on warm-up time (it may be a JIT
+    compile), and when that runs out the verdict says what happened, not 'no first token'; the
+    CLI shows the hint and still the server's last log lines."""
+    server = start("hang1", stall=120.0)
+    v = _probe(server, deadline=25.0, warmup_s=2.0)
+    assert v["status"] == "deadline" and v["exit_code"] == 124, v
+    assert v["reason"] == ("the sampled generation gave its first token, then nothing more "
+                           "within the warm-up budget of 2 s")
+    hint = [d for d in v["diagnosis"] if d["id"] == "sampled-path-stalled"]
+    assert len(hint) == 1 and hint[0]["line"] == ""
+    cli = Path(sys.executable).parent / "ddtree-deploy"
+    text = subprocess.run([str(cli), "probe", "localhost", "--port", str(server.port), "--pid",
+                           str(server.popen.pid), "--log-file", str(server.log), "--deadline",
+                           "25", "--warmup", "2"], capture_output=True, text=True, check=False,
+                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    assert text.returncode == 124, text.stderr
+    assert "greedy requests answered" in text.stdout and "log: " not in text.stdout
+    assert "last log lines:" in text.stdout and "POST " in text.stdout  # the tail, still shown
 
 
 def test_warm_up_budget_runs_out(start: Any) -> None:

@@ -46,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "ddtree_deploy.overlay"),
     "converge": ("ddtree_deploy.converge",),  # plan and apply
     "bench": ("ddtree_deploy.bench",),
-    "cli": ("ddtree_deploy.cli*", "ddtree_deploy.render_*"),
+    "cli": ("ddtree_deploy.cli*",),
 }
 
 _BELOW_FACTS = ("errors", "base", "config", "connect", "transport", "remote")
@@ -86,9 +86,9 @@ KNOWN: tuple[tuple[str, str, str], ...] = (
     ("ddtree_deploy.overlay.progress", "rich",
      "the overlay draws its own progress bars; rendering belongs to the CLI (a progress sink "
      "the CLI passes in)"),
-    ("ddtree_deploy.overlay.progress", "ddtree_deploy.cli*", "as above: cli_text.plain"),
+    ("ddtree_deploy.overlay.progress", "ddtree_deploy.cli*", "as above: cli.text.plain"),
     ("ddtree_deploy.overlay.render", "rich", "the overlay's tables are drawn in overlay/"),
-    ("ddtree_deploy.overlay.render", "ddtree_deploy.cli*", "as above: cli_text.plain"),
+    ("ddtree_deploy.overlay.render", "ddtree_deploy.cli*", "as above: cli.text.plain"),
 )
 
 

@@ -77,3 +77,20 @@ def test_this_test_is_marked_unit(request: pytest.FixtureRequest) -> None:
 ])
 def test_the_unit_guard_names_the_program(argv: Any, named: str | None) -> None:
     assert tiers.UnitGuard._what(argv) == named
+
+
+@pytest.mark.integration  # it starts processes on purpose (a unit test's guard would refuse it)
+def test_the_unit_guard_sees_os_system_and_forks() -> None:
+    import os
+
+    guard = tiers.UnitGuard()
+    guard.current = []
+    try:
+        assert os.system("true") == 0
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        seen, guard.current = guard.current, None
+    assert seen == ["true", "a fork"]

@@ -164,7 +164,8 @@ def write_manifest(path: str, items: list[pytest.Item]) -> None:
 
 class UnitGuard:
     """Records the processes a unit test starts (an audit hook on subprocess.Popen, os.exec*,
-    os.posix_spawn and os.fork: one per process, switched on per unit test)."""
+    os.posix_spawn, os.system, os.fork and os.forkpty: one per process, switched on per unit
+    test)."""
 
     def __init__(self) -> None:
         self.current: list[str] | None = None
@@ -173,8 +174,10 @@ class UnitGuard:
     def _hook(self, event: str, args: tuple[Any, ...]) -> None:
         if self.current is None:
             return
-        if event == "os.fork":
+        if event in ("os.fork", "os.forkpty"):
             self.current.append("a fork")
+        elif event == "os.system":  # (command,)
+            self.current.append(self._what(args[0]) or "a shell command")
         elif event in ("subprocess.Popen", "os.exec", "os.posix_spawn"):
             # Popen: (executable, args, ...); exec and spawn: (path, argv, ...)
             self.current.append(self._what(args[1]) or "a process")

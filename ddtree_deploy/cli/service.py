@@ -166,9 +166,11 @@ def _render_verdict(unit: str, verdict: Any) -> None:
     out.print(plain(verdict.reason), markup=False, highlight=False)  # server text: never markup
     for m in verdict.diagnosis:
         out.print(f"  [bold]{esc(m.diagnosis)}[/bold]", highlight=False)  # may quote a log
-        out.print(plain(f"    log: {m.line.strip()}"), markup=False, highlight=False)
+        if m.line.strip():  # a signature's log line (the probe's own hints have none)
+            out.print(plain(f"    log: {m.line.strip()}"), markup=False, highlight=False)
         out.print(f"    fix: {m.remedy}", markup=False, highlight=False)
-    if verdict.status != "healthy" and not verdict.diagnosis and verdict.log_tail:
+    from_log = any(m.line.strip() for m in verdict.diagnosis)
+    if verdict.status != "healthy" and not from_log and verdict.log_tail:
         out.print("  last log lines:")
         for line in verdict.log_tail[-10:]:
             out.print(plain(f"    {line}"), markup=False, highlight=False)

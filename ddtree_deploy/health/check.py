@@ -390,12 +390,24 @@ class _Probe:
             line += f" · warm-up {self.warm_used:.1f}s/{self.warmup_s:g}s"
         return line
 
-    def _deadline(self) -> Verdict:
+    def _deadline(self, kind: Kind | None = None, gen: dict[str, Any] | None = None) -> Verdict:
         if self.warm_left() <= 0.05:
-            kind = self.pending() or "the"
-            return self.verdict("deadline", f"no first token of the {kind} generation within "
+            what = kind or self.pending() or "the"
+            if gen is not None and gen.get("stalled"):  # its first token came, then nothing
+                verdict = self.verdict(
+                    "deadline", f"the {what} generation gave its first token, then nothing more "
+                    f"within the warm-up budget of {self.warmup_s:g} s")
+                self._stall_hint(verdict, kind)
+                return verdict
+            return self.verdict("deadline", f"no first token of the {what} generation within "
                                 f"the warm-up budget of {self.warmup_s:g} s")
         return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
+
+    def _stall_hint(self, verdict: Verdict, kind: Kind | None) -> None:
+        """The sampled path stalled while greedy had answered: say what the H200 showed."""
+        if kind == "sampled" and "greedy" in self.done:
+            verdict.diagnosis.append(Match("sampled-path-stalled", "", SAMPLED_STALL_HINT,
+                                           SAMPLED_STALL_REMEDY, fatal=False))
 
     def run(self) -> Verdict:
         grace_used = False
@@ -426,7 +438,7 @@ class _Probe:
                 if kind is not None and isinstance(gen, dict):
                     if gen.get("first_timed_out") or gen.get("stalled"):
                         if self.warm_left() <= 0.05:
-                            return self._deadline()
+                            return self._deadline(kind, gen)
                         continue  # asked again, with the warm-up budget left
                     if gen.get("error") and not gen.get("timed_out") and not gen.get("status"):
                         self.failed_gen = (kind, gen)  # did it crash? ask the unit first
@@ -458,9 +470,8 @@ class _Probe:
                 why = why.replace("the generation", "the sampled generation")
             verdict = self.verdict("unhealthy", why if kind == "greedy" else
                                    f"{why} ({what}: {json.dumps(SAMPLING)})")
-            if kind == "sampled" and gen.get("timed_out") and "greedy" in self.done:
-                verdict.diagnosis.append(Match("sampled-path-stalled", why, SAMPLED_STALL_HINT,
-                                               SAMPLED_STALL_REMEDY, fatal=False))
+            if gen.get("timed_out"):
+                self._stall_hint(verdict, kind)
             return verdict
         self.done[kind] = gen
         return self.verdict("healthy", "")

@@ -1,6 +1,6 @@
 """`service.probe`: the deployment's health, checked after apply converged (a check, never a
 change): the port and whether the server takes token ids are read back from the installed
-unit, then the bounded probe of `health/probe.py`; an unhealthy service fails the run.
+unit, then the bounded probe of `health/check.py`; an unhealthy service fails the run.
 
 `service up` and `probe` read a unit's probe target with the same `target_of`.
 """

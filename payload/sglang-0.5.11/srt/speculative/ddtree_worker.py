@@ -172,7 +172,8 @@ class DDTreeWorker(DFlashWorker):
         Recorded in shadow-linear mode or with SGLANG_DDTREE_SCORE_CHAIN set; otherwise the
         expectations are 0 (the round count is kept)."""
         if not self._rounds or self._tree_expected is None:
-            return {"rounds": 0.0, "tree_expected_accept": 0.0, "chain_expected_accept": 0.0}
+            return {"rounds": float(self._rounds), "tree_expected_accept": 0.0,
+                    "chain_expected_accept": 0.0}
         chain = self._chain_expected
         return {
             "rounds": float(self._rounds),
