@@ -146,11 +146,11 @@ class Rehearsal:
         env = dict(os.environ)
         env.update({"HOME": str(WORK / "home"), **SERVER_ENV})
         (WORK / "home").mkdir(parents=True, exist_ok=True)
-        log = open(self.logs / "prewarm.out", "w")  # noqa: SIM115 -- closed with the process
         try:
-            return subprocess.Popen([sys.executable, "-m", "rehearsal.prewarm",
-                                     str(self.logs / "prewarm.json")], stdout=log,
-                                    stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+            with open(self.logs / "prewarm.out", "w") as log:  # the child keeps its own copy
+                return subprocess.Popen([sys.executable, "-m", "rehearsal.prewarm",
+                                         str(self.logs / "prewarm.json")], stdout=log,
+                                        stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         except OSError as exc:
             self.result["errors"].append({"step": "prewarm", "trace": str(exc)})
             return None
