@@ -2,13 +2,16 @@
 
 `python tests/bench_sweep_runner.py ROOT PORT CONFIGS` with ROOT holding venv/ (whose bin/python
 runs tests/bench_fake_server.py), target/ and draft/ (config.json each). Results go to
-ROOT/res/results.json; one JSON summary line is printed; exit 130 on Ctrl-C or SIGTERM.
+ROOT/res/results.json; one JSON summary line is printed; exit 130 on Ctrl-C or SIGTERM. With
+BENCH_RUNNER_HOLD=1 the sweep waits after its first measured cell until it is signalled.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 from ddtree_deploy.bench import grid as gridmod
@@ -34,8 +37,12 @@ def main(root: Path, port: int, configs: str) -> int:
     t = LocalTransport(host="localhost")
     control = PlainControl(t, root / "res" / "logs")
 
+    hold = os.environ.get("BENCH_RUNNER_HOLD") == "1"
+
     def cell_done(cell: object, metrics: dict[str, object]) -> None:
         print(json.dumps({"cell": getattr(cell, "label", "?"), "pid": control.pid}), flush=True)
+        while hold:  # the test's signal finds the sweep mid-way, never already finished
+            time.sleep(3600)
 
     try:
         summary = run_sweep(t, control, plan, results, deadline_s=60, warmup_s=60,
