@@ -82,8 +82,14 @@ deployments:
     algorithm: dflash
     attention_backend: triton
     grammar_backend: none
+    environment: {{DDTREE_LAB_STANDIN_GATE: {GATE}}}
 """)
     return path
+
+
+# The stand-in's lab-only gate: while this file exists, its second and later starts wait before
+# they listen (ddtree_lab_standin/launch_server.py), so a signal finds the sweep mid-way.
+GATE = "/run/ddtree-bench-gate"
 
 
 def cli(hosts: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -291,13 +297,20 @@ def test_ctrl_c_puts_the_stopped_unit_back_keeps_what_was_measured_and_resume_co
     results = setup.tmp / "results.json"
     argv = bench_argv(setup, results, "dflash,ddtree:15/8,ddtree:31/8", "1,2", "ids")
     total = 3 * 2
+    sh(setup.hosts, 'rm -f "$1.starts" && touch "$1"', GATE)  # the 2nd start waits while it exists
     sweep = Sweep(argv)
     try:
         sweep.first_cell()
+        sweep.first_cell()  # dflash's second and last cell: ddtree-15-8's start waits at the gate
         sweep.proc.send_signal(signal.SIGINT)
         code, out, err = sweep.finish()
+        starts = sh(setup.hosts, 'cat "$1.starts"', GATE).split()
     finally:
         sweep.stop()
+        sh(setup.hosts, 'rm -f "$1" "$1.starts"', GATE)
+    # dflash's start, and ddtree-15-8's if the signal came after it began (it waited there):
+    # either way the sweep could not have finished before the signal
+    assert len(starts) in (1, 2)
     assert code == 130, err
     assert "putting back the service as it was" in err
     assert f"{UNIT} put back byte for byte (stopped, as it was)" in err
@@ -307,7 +320,7 @@ def test_ctrl_c_puts_the_stopped_unit_back_keeps_what_was_measured_and_resume_co
     assert (after["active"], after["enabled"]) == ("inactive", "disabled")
     assert gpu0_pids(setup.hosts) == []  # the sweep's server is gone
     kept = json.loads(results.read_text())
-    assert 1 <= len(kept["cells"]) < total
+    assert len(kept["cells"]) == 2  # dflash's two cells; the next start was held at the gate
     assert kept["grid"]["prompts"] == "ids"
     said = json.loads(out)  # --json: what was measured and put back, also when interrupted
     assert said["interrupted"] is True and said["exit_code"] == 130

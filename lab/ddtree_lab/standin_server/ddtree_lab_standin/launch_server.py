@@ -240,7 +240,26 @@ def main(argv: list[str]) -> int:
     shown = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(ns).items()) if v not in (None, False))
     log.info("server_args=ServerArgs(%s)", shown)
     found = run_checks(ns)
+    _hold_at_gate()
     return serve(ns, found)
+
+
+def _hold_at_gate() -> None:
+    """A lab-only gate for tests that must catch a caller mid-way (bench's Ctrl-C test): with
+    DDTREE_LAB_STANDIN_GATE=PATH, every start appends a line to PATH.starts; from the second
+    start on, the server waits before it listens while PATH exists (the test removes it)."""
+    gate = os.environ.get("DDTREE_LAB_STANDIN_GATE")
+    if not gate:
+        return
+    with open(gate + ".starts", "a", encoding="utf-8") as fh:
+        fh.write(f"{os.getpid()}\n")
+    with open(gate + ".starts", encoding="utf-8") as fh:
+        starts = len(fh.read().splitlines())
+    if starts < 2:
+        return
+    log.info("lab gate %s: start %d waits while it exists", gate, starts)
+    while os.path.exists(gate):
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
