@@ -120,6 +120,7 @@ def test_ctrl_c_stops_the_server_keeps_what_was_measured_and_resumes(root: Path,
     proc = subprocess.Popen([sys.executable, str(RUNNER), str(root), str(port), "dflash,none"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**_env(), "BENCH_RUNNER_HOLD": "1"})  # mid-way when signalled
+    server = 0
     try:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())  # the first measured cell
@@ -131,6 +132,8 @@ def test_ctrl_c_stops_the_server_keeps_what_was_measured_and_resumes(root: Path,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            if server and pid_alive(server):  # the killed runner could not stop its server
+                os.kill(server, signal.SIGKILL)
     assert proc.returncode == 130, err
     assert json.loads(rest.splitlines()[-1])["interrupted"] is True
     deadline = time.monotonic() + 30
