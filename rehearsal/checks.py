@@ -139,6 +139,18 @@ def transition_logits(model_dir: Path) -> Any:
     return h @ head.T
 
 
+def half_temperature(logits: Any, token: int = 100) -> float:
+    """The temperature at which the target's top-1 after ``token`` has probability 1/2."""
+    import torch
+
+    lo, hi = 1e-3, 1e3
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        p = float(torch.softmax(logits[token] / mid, -1).max())
+        lo, hi = (mid, hi) if p > 0.5 else (lo, mid)
+    return round((lo * hi) ** 0.5, 4)
+
+
 def filtered_probs(probs: Any, *, top_k: int = -1, top_p: float = 1.0,
                    min_p: float = 0.0) -> Any:
     """``probs [R, V]`` after SGLang 0.5.11's own sampler filters, in its order

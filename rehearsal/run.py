@@ -366,16 +366,9 @@ def correctness(r: Rehearsal, servers: list[Any]) -> None:
                                                                       budget, 8)
 
     def law() -> None:
-        import torch
 
         logits = checks.transition_logits(WORK / "models" / "ladder" / "target")
-        # The temperature at which the ladder's top-1 after token 100 has probability 1/2.
-        lo, hi = 1e-3, 1e3
-        for _ in range(60):
-            mid = (lo * hi) ** 0.5
-            p = float(torch.softmax(logits[100] / mid, -1).max())
-            lo, hi = (mid, hi) if p > 0.5 else (lo, mid)
-        t = round((lo * hi) ** 0.5, 4)
+        t = checks.half_temperature(logits)
         for name in ("nospec-ladder", "ddtree15-ladder", "ddtree15-ladder-greedyfollow",
                      "ddtree15-ladder-hot"):
             if r.healthy(name):
@@ -462,17 +455,11 @@ LAWS = (("temperature", -1, 1.0), ("top-p 0.8", -1, 0.8), ("top-k 20 top-p 0.8",
 
 
 def _laws(r: Rehearsal, port: dict[str, int]) -> None:
-    import torch
 
     from rehearsal import checks
 
     logits = checks.transition_logits(WORK / "models" / "ladder" / "target")
-    lo, hi = 1e-3, 1e3  # the temperature at which the ladder's top-1 has probability 1/2
-    for _ in range(60):
-        mid = (lo * hi) ** 0.5
-        p = float(torch.softmax(logits[100] / mid, -1).max())
-        lo, hi = (mid, hi) if p > 0.5 else (lo, mid)
-    t = round((lo * hi) ** 0.5, 4)
+    t = checks.half_temperature(logits)
     for law, top_k, top_p in LAWS:
         for name in ("nospec-ladder", "ddtree15-ladder", "dflash-ladder"):
             if r.healthy(name) and r.left() > 40:
