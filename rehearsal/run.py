@@ -51,6 +51,7 @@ class Rehearsal:
         self.running: dict[str, Any] = {}
         self._save_lock = threading.Lock()
         self.skip_checks = False
+        self.profile = False
 
     # --- bookkeeping ----------------------------------------------------------------------
     def left(self) -> float:
@@ -319,6 +320,11 @@ def _servers(phase: str) -> list[Any]:
             Server("dflash-dummy", dummy, "dflash", dummy=True, tool_probe=False),
             Server("ddtree15-dummy", dummy, "ddtree", 15, 8, dummy=True),
             Server("ddtree31-dummy", dummy, "ddtree", 31, 8, dummy=True),
+            # The same payload with the tree mask's offsets copied without blocking (an A/B of
+            # one change: rehearsal/faults/sitecustomize.py, variant mask-pinned).
+            Server("ddtree15-ladder-pinned", lad, "ddtree", 15, 8, fault="mask-pinned"),
+            Server("ddtree15-dummy-pinned", dummy, "ddtree", 15, 8, dummy=True,
+                   fault="mask-pinned"),
         ]
     # The tool renders --speculative-num-draft-tokens from each drafter's config.json (8 for the
     # designs, 16 for the dummy drafter; run 3's units show both).
@@ -421,14 +427,57 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
                                                         port["dflash-ladder"]), need=30)
         r.step("sampling laws", lambda: _laws(r, port), need=60)
 
-    for group in (("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree31-ladder"),
-                  ("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree31-dummy")):
+    if r.profile:
+        r.step("profile", lambda: _profiles(r, port), need=60)
+
+    for group in (("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree15-ladder-pinned",
+                   "ddtree31-ladder"),
+                  ("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree15-dummy-pinned",
+                   "ddtree31-dummy")):
         live = [(s.name, s.port) for s in servers if s.name in group and r.healthy(s.name)]
         if live and r.left() > 60:
             r.result["perf"].update(p.measure(live, rounds=3, tokens=256))
             r.save()
         else:
             r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
+
+
+PROFILED = (("dflash-dummy", True), ("ddtree15-dummy", True), ("ddtree15-dummy-pinned", False),
+            ("dflash-ladder", False), ("ddtree15-ladder", False), ("nospec-dummy", False))
+
+
+def _profiles(r: Rehearsal, port: dict[str, int]) -> None:
+    """SGLang's torch profiler over 24 forward steps of one greedy request per server, one
+    server at a time (the others idle, asleep), without Python stacks (true timings) and, for
+    some, with them (which functions the host time is in). Summaries go into the JSON; the
+    traces without stacks into OUT/traces.tar while it stays under 12 MB."""
+    from rehearsal import profile
+
+    out = r.result.setdefault("profiles", {})
+    keep: list[Path] = []
+    for name, stacks in PROFILED:
+        for with_stack in (False, True) if stacks else (False,):
+            key = f"{name}/{'stack' if with_stack else 'plain'}"
+            if not r.healthy(name) or r.left() < 90:
+                r.result["not_run"].append({"step": f"profile {key}", "why": "no time or server"})
+                continue
+            folder = WORK / "profiles" / key.replace("/", "-")
+            try:
+                out[key] = profile.capture(port[name], folder, steps=24, tokens=160,
+                                           with_stack=with_stack)
+            except Exception as exc:  # one server's failure is its own
+                out[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            if not with_stack:
+                keep.append(folder / out[key]["trace_file"])
+            r.save(logs=False)
+    total = 0
+    with tarfile.open(r.out / "traces.tar", "w") as tar:
+        for path in keep:
+            total += path.stat().st_size
+            if total > 12_000_000:
+                break
+            tar.add(path, arcname=f"{path.parent.name}.trace.json.gz")
 
 
 def _sampled_times(r: Rehearsal, name: str, port: int) -> None:
@@ -563,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="perf: timings only (DFLASH's checks and the sampling laws ran before)")
     ap.add_argument("--warm", type=int, default=2,
                     help="servers started before the others (they fill the JIT caches)")
+    ap.add_argument("--profile", action="store_true",
+                    help="perf: profile one request per server first (rehearsal/profile.py)")
     ap.add_argument("--keep-payload", action="store_true",
                     help="leave the payload deployed at the end (a next call on a warm machine)")
     a = ap.parse_args(argv)
@@ -575,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     (WORK / "logs").mkdir(parents=True)
     r = Rehearsal(a.carry, a.out, a.budget, a.phase)
     r.skip_checks = a.skip_checks
+    r.profile = a.profile
     hosts: Path | None = None
     try:
         r.step("install", r.install)

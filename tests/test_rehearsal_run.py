@@ -75,6 +75,8 @@ def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) 
     assert greedy_share == 1.0
     _, hot_share = _run(pkg, "hot")
     assert hot_share > 0.8  # temperature 1: e^3 / (e^3 + 2) = 0.91
+    pinned_allowed, pinned_share = _run(pkg, "mask-pinned")  # a variant, not a fault
+    assert (pinned_allowed, pinned_share) == (clean_allowed, clean_share)
 
 
 def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:
