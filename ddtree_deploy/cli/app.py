@@ -22,19 +22,53 @@ if TYPE_CHECKING:
 _OUTPUT_LOST = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
-def build_app() -> "typer.Typer":
-    """The Typer app with every command (imported here: main() guards the imports)."""
+# The commands in the order `--help` lists them: (name, module of ddtree_deploy.cli, attribute,
+# whether it is a group); PLUGINS marks where the other distributions' groups go.
+PLUGINS = "<plugins>"
+COMMANDS: tuple[tuple[str, str, str, bool], ...] = (
+    ("plan", "converge", "plan", False),
+    ("apply", "converge", "apply", False),
+    ("inventory", "inventory", "inventory", False),
+    ("doctor", "inventory", "doctor", False),
+    ("probe", "service", "probe", False),
+    ("service", "service", "app", True),
+    ("payload", "payload", "app", True),
+    ("venv", "venv", "app", True),
+    ("overlay", "overlay", "app", True),
+    ("hosts", "hosts", "app", True),
+    (PLUGINS, "", "", True),
+    ("bench", "bench", "app", True),
+)
+
+
+def invoked(args: list[str]) -> str | None:
+    """The built-in command `args` run (past the root's --hosts FILE), else None: no command,
+    --help, --version, an unknown option, a plugin's group or a name that is no command."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--hosts":
+            i += 2
+        elif arg.startswith("--hosts="):
+            i += 1
+        elif arg.startswith("-"):
+            return None
+        else:
+            return arg if arg in {c[0] for c in COMMANDS if c[0] != PLUGINS} else None
+    return None
+
+
+def build_app(args: "list[str] | None" = None) -> "typer.Typer":
+    """The Typer app (imported here: main() guards the imports). When `args` run a built-in
+    command, only that command's module is imported and added: the others' imports, the
+    plugins' lookup and typer's build of every command cost each run about 0.1-0.2 s, for
+    commands this run cannot reach (click dispatches on the first word). Anything else (help,
+    --version, a plugin, a typo) gets every command, so help and errors list them all."""
+    import importlib
+
     import typer
 
     from ddtree_deploy import __version__, cli_plugins
-    from ddtree_deploy.cli import bench as cli_bench
-    from ddtree_deploy.cli import converge as cli_converge
-    from ddtree_deploy.cli import hosts as cli_hosts
-    from ddtree_deploy.cli import inventory as cli_inventory
-    from ddtree_deploy.cli import overlay as cli_overlay
-    from ddtree_deploy.cli import payload as cli_payload
-    from ddtree_deploy.cli import service as cli_service
-    from ddtree_deploy.cli import venv as cli_venv
 
     if os.environ.get("NO_COLOR"):  # help and usage errors too: no colour, bold or italic
         from typer import rich_utils
@@ -47,18 +81,18 @@ def build_app() -> "typer.Typer":
         pretty_exceptions_enable=False,
         add_completion=False,
     )
-    app.command()(cli_converge.plan)
-    app.command()(cli_converge.apply)
-    app.command()(cli_inventory.inventory)
-    app.command()(cli_inventory.doctor)
-    app.command()(cli_service.probe)
-    app.add_typer(cli_service.app, name="service")
-    app.add_typer(cli_payload.app, name="payload")
-    app.add_typer(cli_venv.app, name="venv")
-    app.add_typer(cli_overlay.app, name="overlay")
-    app.add_typer(cli_hosts.app, name="hosts")
-    cli_plugins.add_to(app)  # command groups that other distributions add
-    app.add_typer(cli_bench.app, name="bench")
+    only = invoked(args) if args is not None else None
+    for name, module, attr, group in COMMANDS:
+        if only is not None and name != only:
+            continue
+        if name == PLUGINS:
+            cli_plugins.add_to(app)  # command groups that other distributions add
+            continue
+        command = getattr(importlib.import_module(f"ddtree_deploy.cli.{module}"), attr)
+        if group:
+            app.add_typer(command, name=name)
+        else:
+            app.command(name=name)(command)
 
     def _version(value: bool) -> None:
         if value:
@@ -122,7 +156,7 @@ def main(argv: "list[str] | None" = None) -> None:
         previous = signal.signal(signal.SIGINT, _interrupted_at_start)
     from ddtree_deploy.errors import DeployError
 
-    app = build_app()
+    app = build_app(args)
     if guard:
         signal.signal(signal.SIGINT, previous or signal.default_int_handler)
     code = 0

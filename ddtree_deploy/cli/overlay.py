@@ -72,11 +72,9 @@ def overlay(
         raise UsageError("--abi LANE is needed (e.g. --abi cu130)")
     _host_path(venv, "--venv")
     _host_path(from_venv, "--from-venv")
-    from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.overlay.blobcache import BlobCache
     from ddtree_deploy.overlay.lanefile import load_lane
     from ddtree_deploy.overlay.progress import RichProgress
-    from ddtree_deploy.overlay.render import render_plan
     from ddtree_deploy.overlay.run import make_plan, run_fleet
     from ddtree_deploy.overlay.summary import fleet_summary, parse_targets
 
@@ -88,6 +86,8 @@ def overlay(
                for h, v in wanted]
     cache = BlobCache()
     if dry_run:
+        from ddtree_deploy.overlay.render import render_plan  # rich: only to draw the plan
+
         plans = [make_plan(config, lane, h, v, cache)[0] for h, v in targets]
         if as_json:
             print_json(out, plans[0].model_dump_json() if len(plans) == 1 else
@@ -99,8 +99,12 @@ def overlay(
     with RichProgress(lambda: rich_console(err)) as progress:  # rich only once bytes move
         fleet = run_fleet(config, lane, targets, cache=cache, progress=progress,
                           on_status=lambda s: None, densify=True)
-    for r in fleet.targets:
-        FactsCache().drop(config.host(r.host))
+    changed = [r for r in fleet.targets if r.result != "unchanged"]
+    if changed:  # an unchanged venv keeps its facts (and the run never loads the facts model)
+        from ddtree_deploy.facts.cache import FactsCache
+
+        for r in changed:
+            FactsCache().drop(config.host(r.host))
     if len(targets) == 1 and fleet.failed:
         raise fleet.failed[0].error  # type: ignore[misc]  # one target: its error, as ever
     summary: dict[str, Any] = fleet_summary(fleet, lane.lane)

@@ -13,23 +13,23 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.errors import DeployError, UsageError
-from ddtree_deploy.overlay import apply as remote_apply
-from ddtree_deploy.overlay.blobcache import BlobCache
-from ddtree_deploy.overlay.densify import spawn as spawn_densify
-from ddtree_deploy.overlay.lanefile import Lane
 from ddtree_deploy.overlay.manifest import read_manifest
 from ddtree_deploy.overlay.model import FileEntry, OverlayPlan, VenvManifest
 from ddtree_deploy.overlay.plan import is_noop, plan
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
-from ddtree_deploy.overlay.relay import Destination, relay
-from ddtree_deploy.overlay.transfer import TransferReport
-from ddtree_deploy.overlay.wire import Choice
-from ddtree_deploy.transport.base import ExecTransport
 from ddtree_deploy.transport.connect import open_transport
+
+if TYPE_CHECKING:  # the transfer's and the apply's modules load only when something is sent
+    from ddtree_deploy.overlay.apply import ApplyOutcome
+    from ddtree_deploy.overlay.blobcache import BlobCache
+    from ddtree_deploy.overlay.lanefile import Lane
+    from ddtree_deploy.overlay.transfer import TransferReport
+    from ddtree_deploy.overlay.wire import Choice
+    from ddtree_deploy.transport.base import ExecTransport
 
 PARALLEL = 4
 
@@ -43,7 +43,7 @@ class OverlayResult:
     plan: OverlayPlan | None = None
     fetched: TransferReport | None = None
     pushed: TransferReport | None = None
-    outcome: remote_apply.ApplyOutcome | None = None
+    outcome: ApplyOutcome | None = None
     error: DeployError | None = None
     choice: Choice | None = None
     seconds: dict[str, float] = field(default_factory=dict)
@@ -170,6 +170,10 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
     if not todo:
         fleet.seconds["total"] = round(time.monotonic() - t0, 3)
         return fleet
+    from ddtree_deploy.overlay import apply as remote_apply
+    from ddtree_deploy.overlay.densify import spawn as spawn_densify
+    from ddtree_deploy.overlay.relay import Destination, relay
+
     src_spec = config.host(lane.source.host)
     opened: list[ExecTransport] = []
     try:
@@ -226,6 +230,8 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
 
 
 def _sum(a: TransferReport, b: TransferReport) -> TransferReport:
+    from ddtree_deploy.overlay.transfer import TransferReport
+
     return TransferReport(files=a.files + b.files, payload=a.payload + b.payload,
                           wire=a.wire + b.wire, skipped=a.skipped + b.skipped,
                           compressed=a.compressed or b.compressed,
