@@ -519,9 +519,13 @@ def _laws(r: Rehearsal, port: dict[str, int]) -> None:
                 r.save(logs=False)
 
 
-def bench(r: Rehearsal) -> None:
+def bench(r: Rehearsal, order: tuple[str, ...] = ("ladder", "dummy"), *,
+          resume: bool = False) -> None:
     """issue 15's small grid: the tool's `bench` in plain-process mode against a designed-weights
-    and a dummy-weights deployment, one after the other (one apply lock per host)."""
+    and a dummy-weights deployment, one after the other (one apply lock per host), in ``order``.
+
+    ``resume``: a results file committed under benchmarks/results/bench/h200-<kind>/ seeds the
+    sweep's results file, so the tool's resume measures only the cells that file lacks."""
     import signal
 
     from rehearsal.servers import Server, hosts_file
@@ -542,14 +546,22 @@ def bench(r: Rehearsal) -> None:
             ("bench-dummy", m / "dummy", True, "synthetic: dummy weights",
              ["--configs", "none,ddtree:15/8,ddtree:31/8", *same_grid]))
     out = r.result.setdefault("bench", {})
-    for i, (name, models, dummy, label, grid_args) in enumerate(runs):
-        if r.left() < 200:
+    by_kind = {run[0].removeprefix("bench-"): (i, run) for i, run in enumerate(runs)}
+    for kind in order:
+        if kind not in by_kind:
+            r.result["errors"].append({"step": "bench", "trace": f"unknown deployment {kind!r}"})
+            continue
+        i, (name, models, dummy, label, grid_args) = by_kind[kind]
+        seed = REPO / "benchmarks" / "results" / "bench" / f"h200-{kind}" / f"{name}.json"
+        if r.left() < (120 if resume and seed.is_file() else 200):
             r.result["not_run"].append({"step": f"bench {name}", "why": f"{r.left():.0f} s left"})
             continue
         server = Server(name, str(models), "ddtree", 15, 8, dummy=dummy, port=31100 + i,
                         extra=("--cuda-graph-max-bs", "8", "--max-running-requests", "16"))
         hosts = hosts_file(server, str(VENV), r.logs)
         results = folder / f"{name}.json"
+        if resume and seed.is_file():
+            shutil.copyfile(seed, results)
         argv = [str(r.cli), "--hosts", str(hosts), "bench", "localhost", name, *grid_args,
                 "--mode", "plain", "--force", "--yes", "--results", str(results),
                 "--deadline", "240", "--warmup", "200", "--label", label, "--json"]
@@ -615,6 +627,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="servers started before the others (they fill the JIT caches)")
     ap.add_argument("--profile", action="store_true",
                     help="perf: profile one request per server first (rehearsal/profile.py)")
+    ap.add_argument("--bench-runs", default="ladder,dummy",
+                    help="bench: the deployments to sweep, in order (ladder, dummy)")
+    ap.add_argument("--bench-resume", action="store_true",
+                    help="bench: resume from the results committed under benchmarks/results/bench")
+    ap.add_argument("--no-prewarm", action="store_true",
+                    help="skip the sampling prewarm (only DFLASH's sampled verify needs it)")
     ap.add_argument("--keep-payload", action="store_true",
                     help="leave the payload deployed at the end (a next call on a warm machine)")
     a = ap.parse_args(argv)
@@ -637,12 +655,13 @@ def main(argv: list[str] | None = None) -> int:
 
         hosts = hosts_file(servers[0] if servers else Server("tool", str(WORK / "models/ladder"),
                                                              port=31099), str(VENV), r.logs)
-        warm = r.prewarm()
+        warm = None if a.no_prewarm else r.prewarm()
         if a.phase != "dflash-sampled":
             r.step("payload deploy", lambda: r.deploy_payload(hosts))
         if a.phase == "bench":
             r.step("prewarm", lambda: r.prewarm_done(warm))
-            r.step("bench", lambda: bench(r), need=200)
+            order = tuple(k for k in a.bench_runs.split(",") if k)
+            r.step("bench", lambda: bench(r, order, resume=a.bench_resume), need=120)
         else:  # servers take longer to start than the prewarm has left to run
             r.step("servers", lambda: r.start_servers(
                 servers, warm=a.warm, meanwhile=lambda: r.facts_commands(hosts)), need=150)
