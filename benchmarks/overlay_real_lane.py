@@ -19,12 +19,16 @@ repository) are installed into ct129's /root/ml-env (`pip install --no-deps
 
 Prints the median of the rounds (each round's figures too), each ratio against its
 goal, and the per-stage seconds of the median overlay runs (from `--json`).
+`--roots A B ...` compares checkouts of the tool side by side (e.g. a `git archive` of the
+commit before a change, and the working tree): in each round, after the scp hops, every
+overlay figure is taken for each root in turn (the CLI run with PYTHONPATH=root), and each
+root gets its own medians and ratios against the same scp.
 `--host-zstd` copies the workstation's zstd binary (the lab's containers are the same
 Debian) into every lab host's /usr/local/bin first, as the real hosts have it; removed
 at the end.
 
     flock /tmp/ddtree-lab-session.lock .venv/bin/python benchmarks/overlay_real_lane.py \
-        [--rounds 3] [--extra 2] [--host-zstd]
+        [--rounds 3] [--extra 2] [--host-zstd] [--roots /tmp/before /work/main]
 """
 
 from __future__ import annotations
@@ -151,6 +155,9 @@ def main() -> None:
     ap.add_argument("--extra", type=int, default=2, help="extra fleet hosts (ct201, ...)")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--host-zstd", action="store_true")
+    ap.add_argument("--roots", nargs="+", default=[], metavar="ROOT",
+                    help="checkouts to compare, alternating in each round (default: the "
+                         "installed tool)")
     args = ap.parse_args()
     wheels = wheel_dir()
     manager.up(extra=args.extra, link_rate=args.rate)
@@ -185,43 +192,61 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
     fleet_hosts = ["ct200"] + [f"ct{201 + i}" for i in range(args.extra)]
     base = [CLI, "--hosts", str(hosts), "overlay", "--abi", "cu130", "--json"]
 
-    def clone(host: str, venv: str) -> None:
+    def clone(host: str, venv: str, env: dict[str, str]) -> None:
         ssh(by[host], f"rm -rf {venv}")
         subprocess.run([CLI, "--hosts", str(hosts), "venv", "clone", host, "/root/venv", venv],
                        check=True, capture_output=True, env=env, timeout=600)
 
-    rounds: list[dict[str, float]] = []
-    stages: dict[str, list[dict]] = {"cold": [], "warm": [], "unchanged": [], "fleet": []}
+    roots = args.roots or [""]
+    rounds: dict[str, list[dict[str, float]]] = {r: [] for r in roots}
+    stages: dict[str, dict[str, list[dict]]] = {
+        r: {"cold": [], "warm": [], "unchanged": [], "fleet": []} for r in roots}
     for n in range(args.rounds):
-        row: dict[str, float] = {"scp": scp_hops(by["ct129"], by["ct200"], site, work / "scp")}
-        shutil.rmtree(blobs, ignore_errors=True)
-        clone("ct200", "/root/bv-cold")
-        clone("ct200", "/root/bv-warm")
-        row["cold"], j = timed([*base, "--to", "ct200:/root/bv-cold"], env)
-        stages["cold"].append(j)
-        row["densify"] = wait_gone(j.get("recompressing_cache", {}).get("pid"))
-        row["warm"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
-        stages["warm"].append(j)
-        row["unchanged"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
-        stages["unchanged"].append(j)
-        for h in ("ct200",):
-            ssh(by[h], "rm -rf /root/bv-cold /root/bv-warm")
-        shutil.rmtree(blobs, ignore_errors=True)
-        for h in fleet_hosts:
-            clone(h, "/root/bv-fleet")
-        row["fleet"], j = timed([*base, *[a for h in fleet_hosts
-                                         for a in ("--to", f"{h}:/root/bv-fleet")]], env)
-        stages["fleet"].append(j)
-        wait_gone(j.get("recompressing_cache", {}).get("pid"))
-        for h in fleet_hosts:
-            ssh(by[h], "rm -rf /root/bv-fleet")
-        row["extra"] = (row["fleet"] - row["cold"]) / max(args.extra, 1)
-        rounds.append(row)
-        print(f"round {n + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in row.items()),
-              flush=True)
+        scp = scp_hops(by["ct129"], by["ct200"], site, work / "scp")
+        for root in roots:
+            renv = {**env, "PYTHONPATH": root} if root else env
+            row = {"scp": scp, **overlay_round(base, by, fleet_hosts, blobs, renv, clone,
+                                                 stages[root], args.extra)}
+            rounds[root].append(row)
+            print(f"round {n + 1}{' ' + root if root else ''}: "
+                  + ", ".join(f"{k} {v:.2f}s" for k, v in row.items()), flush=True)
+    for root in roots:
+        report(root, rounds[root], stages[root], size, args)
+
+
+def overlay_round(base: list[str], by: dict[str, str], fleet_hosts: list[str], blobs: Path,
+                  env: dict[str, str], clone, stages: dict[str, list[dict]],
+                  extra: int) -> dict[str, float]:
+    row: dict[str, float] = {}
+    shutil.rmtree(blobs, ignore_errors=True)
+    clone("ct200", "/root/bv-cold", env)
+    clone("ct200", "/root/bv-warm", env)
+    row["cold"], j = timed([*base, "--to", "ct200:/root/bv-cold"], env)
+    stages["cold"].append(j)
+    row["densify"] = wait_gone(j.get("recompressing_cache", {}).get("pid"))
+    row["warm"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
+    stages["warm"].append(j)
+    row["unchanged"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
+    stages["unchanged"].append(j)
+    ssh(by["ct200"], "rm -rf /root/bv-cold /root/bv-warm")
+    shutil.rmtree(blobs, ignore_errors=True)
+    for h in fleet_hosts:
+        clone(h, "/root/bv-fleet", env)
+    row["fleet"], j = timed([*base, *[a for h in fleet_hosts
+                                     for a in ("--to", f"{h}:/root/bv-fleet")]], env)
+    stages["fleet"].append(j)
+    wait_gone(j.get("recompressing_cache", {}).get("pid"))
+    for h in fleet_hosts:
+        ssh(by[h], "rm -rf /root/bv-fleet")
+    row["extra"] = (row["fleet"] - row["cold"]) / max(extra, 1)
+    return row
+
+
+def report(root: str, rounds: list[dict[str, float]], stages: dict[str, list[dict]],
+           size: str, args: argparse.Namespace) -> None:
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    print(f"\nlane: {size} bytes in ct129's site-packages/nvidia; links {args.rate} each way; "
-          f"{args.rounds} rounds, medians:")
+    print(f"\n{('code: ' + root + '; ') if root else ''}lane: {size} bytes in ct129's "
+          f"site-packages/nvidia; links {args.rate} each way; {args.rounds} rounds, medians:")
     print(f"two scp -r hops:            {med['scp']:.2f}s")
     for key, label in (("cold", "cold cache"), ("warm", "second target, cache warm"),
                        ("extra", f"each extra fleet target ({args.extra})")):

@@ -2,9 +2,12 @@
 
 Layout: ``<root>/sha256/ab/<hex>.zst`` (zstd frames, content size in the header),
 written through ``<root>/tmp/<pid>-<random>`` and renamed into place only after the
-sha256 of the bytes written matches the name. So a blob that exists is complete and
-verified; a crash mid-write leaves at most a temporary file, which the next cache
-opened on the folder removes once its writer process is gone.
+sha256 of the bytes written matches the name and they are on disk: an fsync of its own
+(`put`), or, for a stream's blobs (`BackgroundWriter`), one syncfs for a batch of them
+before any is renamed (remote/overlay_durable.py says why that order is as safe across a
+power loss). So a blob that exists is complete and verified; a crash mid-write leaves at
+most temporary files, which the next cache opened on the folder removes once their writer
+process is gone.
 
 Memory stays bounded: data moves in 1 MiB chunks; zstd keeps a fixed window. Each
 blob's level is measured on its first chunk: data that does not shrink is stored at
@@ -29,6 +32,7 @@ import zstandard
 from ddtree_deploy import xdg
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.localproc import pid_alive
+from ddtree_deploy.remote.overlay_durable import Batch
 
 CHUNK = 1024 * 1024
 LEVEL = 1  # per-blob level on disk: written while the bytes stream through, so fast
@@ -121,12 +125,13 @@ class BlobCache:
     # -- writing --------------------------------------------------------------
 
     def put(self, sha256: str, src: BinaryIO, size: int | None = None,
-            level: int | None = None) -> int:
+            level: int | None = None, batch: Batch | None = None) -> int:
         """Store `src` (read to EOF, or `size` bytes) as blob `sha256`; returns bytes read.
 
         Raises IntegrityError (and stores nothing) when the content's sha256 or size
         differs. A blob that already exists is not rewritten; `src` is still read so
-        the caller's stream stays in step.
+        the caller's stream stays in step. With `batch`, the verified blob waits there,
+        unsynced, under its temporary name: it exists once the batch is flushed.
         """
         sha = check_sha(sha256)
         final = self.path_for(sha)
@@ -135,6 +140,7 @@ class BlobCache:
         tmp = self.root / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         digest = hashlib.sha256()
         count = 0
+        handed = False
         try:
             with tmp.open("wb") as raw:
                 comp = None
@@ -160,21 +166,35 @@ class BlobCache:
                                                     write_content_size=True).compressobj(size=0)
                 raw.write(comp.flush())
                 raw.flush()
-                os.fsync(raw.fileno())
+                if batch is None:
+                    os.fsync(raw.fileno())
+                else:
+                    batch.written(raw.fileno())  # to disk from now on; the batch waits for it
                 os.fchmod(raw.fileno(), FAST_MODE)  # written at the fast level (densify.py)
+                stored = raw.tell()
             got = digest.hexdigest()
             if got != sha:
                 raise IntegrityError(f"content does not match its sha256: want {sha}, got {got}")
-            final.parent.mkdir(exist_ok=True)
-            os.replace(tmp, final)
+            if batch is not None:
+                batch.add(str(tmp), stored, lambda: self._publish(tmp, final))
+                handed = True
+            else:
+                self._publish(tmp, final)
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"blob {sha}: could not compress: {exc}") from exc
         except OSError as exc:
             raise DeployError(f"cannot write blob {sha} in {self.root}: {exc}") from exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            if not handed:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
         return count
+
+    @staticmethod
+    def _publish(tmp: Path, final: Path) -> None:
+        """The verified, durable `tmp` becomes the blob `final` (an atomic rename)."""
+        final.parent.mkdir(exist_ok=True)
+        os.replace(tmp, final)
 
     def put_bytes(self, data: bytes) -> str:
         """Store `data`; returns its sha256."""
@@ -316,22 +336,43 @@ class BackgroundWriter:
     """Blobs written into the cache by a thread of their own, while the caller reads on.
 
     The stream's reader hands each file's chunks over (`add`), and goes on to the next
-    bytes at once; compressing, writing and fsync-ing happen here, overlapped with it.
-    A blob still exists only once its sha256 matched (BlobCache.put). At most `depth`
-    chunks wait (bounded memory). Failures are kept per sha256 (`failed`); `close`
-    waits for the last blob, `abort` stops at once (the blob being written is dropped).
+    bytes at once; compressing and writing happen here, overlapped with it. A blob still
+    exists only once its sha256 matched (BlobCache.put) and its bytes are on disk: the
+    verified blobs wait in a Batch (remote/overlay_durable.py), one syncfs for each 256 MiB
+    and the last, then renamed into place (`done`). At most `depth` chunks wait (bounded
+    memory). Failures are kept per sha256 (`failed`); `close` waits for the last blob,
+    `abort` stops at once (the blob being written is dropped, the verified ones kept).
     """
 
     def __init__(self, cache: BlobCache, depth: int = 32, level: int | None = None) -> None:
         self.cache = cache
         self.level = level
         self._q: queue.Queue[tuple[str, int] | bytes | None | _Aborted] = queue.Queue(depth)
-        self.done: list[str] = []
+        self.done: list[str] = []  # stored: verified, on disk, renamed into place
         self.failed: dict[str, BaseException] = {}
+        self._batch = Batch(str(cache.root / "tmp"))
+        self._waiting: list[str] = []  # verified, in the batch
         self._thread = threading.Thread(target=self._run, name="cache-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._blobs()
+        finally:
+            self._flush()  # what is verified is kept, also when the stream is given up
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        try:
+            self._batch.flush()
+        except OSError as exc:
+            for sha in waiting:
+                self.failed[sha] = DeployError(f"cannot write blob {sha} in "
+                                               f"{self.cache.root}: {exc}")
+            return
+        self.done.extend(waiting)
+
+    def _blobs(self) -> None:
         while True:
             item = self._q.get()
             if item is None or isinstance(item, _Aborted):
@@ -340,8 +381,15 @@ class BackgroundWriter:
             sha, size = item
             reader = _QueueReader(self._q)  # type: ignore[arg-type]
             try:
-                self.cache.put(sha, reader, size, self.level)  # type: ignore[arg-type]
-                self.done.append(sha)
+                before = len(self._batch)
+                self.cache.put(sha, reader, size, self.level,  # type: ignore[arg-type]
+                               batch=self._batch)
+                if len(self._batch) > before:
+                    self._waiting.append(sha)
+                else:
+                    self.done.append(sha)  # it was there already
+                if self._batch.full():
+                    self._flush()
             except _Aborted:
                 return
             except Exception as exc:  # kept for the caller, who raises it

@@ -6,11 +6,14 @@ Each blob is written to incoming/, hashed while it is written, and renamed into 
 it matches; each one so verified is recorded in verified.jsonl with its size, inode, mtime and
 ctime: the staging check and the apply trust a blob whose stat still matches its record (no
 write, chmod, rename or replacement since: any of them changes the ctime, which no caller can set
-back) and hash every other one again. So the bytes are read once, as they arrive. fsync and
-rename happen in a thread of their own while the next blob is read. The tar is the
+back) and hash every other one again. So the bytes are read once, as they arrive. A blob has no
+fsync of its own: its writing to disk starts at once, and a batch of blobs (overlay_durable.py:
+256 MiB, and the last) is made durable by one syncfs before any of them is renamed and recorded,
+so a blob's name and record only ever stand for bytes on disk; this happens in a thread of its
+own while the next blob is read. The tar is the
 workstation's (from its cache) or the source's own (forwarded while it arrives: its "pid" member
 is skipped). Prints {"ok": [...], "bad": [...], "complete": bool, "error": str or null}.
-Bundled after overlay_staging.py: Python >= 3.8 syntax, stdlib only.
+Bundled after overlay_staging.py and overlay_durable.py: Python >= 3.8 syntax, stdlib only.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import queue
 import sys
 import tarfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from ddtree_deploy.remote.overlay_durable import Batch
 from ddtree_deploy.remote.overlay_staging import guard
 
 CHUNK = 1 << 20
@@ -40,31 +45,48 @@ def main(argv: list[str]) -> int:
     bad: list[str] = []
     complete = False
     errors: list[str] = []  # the first error
-    finished: queue.Queue[Any] = queue.Queue(8)  # written and hashed: fsync + rename, overlapped
+    finished: queue.Queue[Any] = queue.Queue(8)  # written and hashed: published, overlapped
+    batch = Batch(incoming)
+    record = os.path.join(staging, "verified.jsonl")
+
+    def publisher(part: str, sha: str) -> Callable[[], None]:
+        def publish() -> None:  # after the batch's sync: its bytes are on disk
+            os.replace(part, os.path.join(blobs, sha))
+            st = os.stat(os.path.join(blobs, sha))
+            with open(record, "a") as rec:
+                rec.write(json.dumps([sha, st.st_size, st.st_ino, st.st_mtime_ns,
+                                      st.st_ctime_ns]) + "\n")
+            ok.append(sha)
+
+        return publish
 
     def finish() -> None:
         while True:
             item = finished.get()
             if item is None:
-                return
+                break
             fh, part, sha, good = item
             try:
                 fh.flush()
-                os.fsync(fh.fileno())
-                fh.close()
                 if good:
-                    os.replace(part, os.path.join(blobs, sha))
-                    st = os.stat(os.path.join(blobs, sha))
-                    with open(os.path.join(staging, "verified.jsonl"), "a") as rec:
-                        rec.write(json.dumps([sha, st.st_size, st.st_ino, st.st_mtime_ns,
-                                              st.st_ctime_ns]) + "\n")
-                    ok.append(sha)
+                    batch.written(fh.fileno())
+                    size = os.fstat(fh.fileno()).st_size
+                    fh.close()
+                    batch.add(part, size, publisher(part, sha))
+                    if batch.full():
+                        batch.flush()
                 else:
+                    fh.close()
                     os.unlink(part)
                     bad.append(sha)
             except OSError as exc:
                 if not errors:
                     errors.append(f"{type(exc).__name__}: {exc}")
+        try:
+            batch.flush()  # the last blobs, also when the stream broke off: verified ones stay
+        except OSError as exc:
+            if not errors:
+                errors.append(f"{type(exc).__name__}: {exc}")
 
     finisher = threading.Thread(target=finish)
     finisher.start()
