@@ -1,10 +1,10 @@
 """Moving a lane's files: source -> workstation blob cache -> target staging, streamed.
 
 fetch: one `python -c` of remote/overlay_source_tar.py on the source writes a tar of the
-needed files (members named by sha256) to stdout; the workstation reads it with tarfile's stream
-mode and stores each member in the BlobCache, which verifies the sha256 before a
-blob exists. Only contents the cache lacks are asked for, so a second target or a
-re-run fetches nothing again.
+needed files (members named by sha256) to stdout; the workstation reads it member by member
+(remote/overlay_tar_read.py: each byte read once) and stores each member in the BlobCache,
+which verifies the sha256 before a blob exists. Only contents the cache lacks are asked for,
+so a second target or a re-run fetches nothing again.
 
 push: one round trip hashes what the target's staging already holds (right hash:
 skipped, damaged: deleted); a second streams a tar of the missing blobs into a
@@ -47,6 +47,7 @@ from ddtree_deploy.overlay.blobcache import (
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.remote import overlay_transfer as scripts
+from ddtree_deploy.remote.overlay_tar_read import Member, TarReader
 from ddtree_deploy.remote.runner import failure, read_json, run_json
 from ddtree_deploy.transport.base import Result, Transport
 from ddtree_deploy.transport.command import Command
@@ -288,16 +289,15 @@ def _read_members(stream: BinaryIO, by_sha: dict[str, FileEntry], writer: Backgr
                   host: str, check: Callable[[], None], end_box: list[dict[str, object]]
                   ) -> None:
     try:
-        tar = tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK)  # noqa: SIM115
+        tar = TarReader(stream)  # each byte read once into one buffer (remote/overlay_tar_read)
         for member in tar:
-            data = tar.extractfile(member) if member.isfile() else None
-            if data is None:
+            if not member.isfile():
                 raise TransportError(f"{host}: unexpected entry {member.name!r} in the stream")
             if member.name == "pid":
-                seen["pid"] = data.read(32).decode("ascii", "replace").strip()
+                seen["pid"] = _whole(tar, member)[:32].decode("ascii", "replace").strip()
                 continue
             if member.name == "end":
-                end_box.append(json.loads(data.read()))
+                end_box.append(json.loads(_whole(tar, member)))
                 break
             entry = by_sha.get(member.name)
             if entry is None:
@@ -307,11 +307,31 @@ def _read_members(stream: BinaryIO, by_sha: dict[str, FileEntry], writer: Backgr
                     f"{host}: {entry.path} has {member.size} bytes on the source, "
                     f"the manifest says {entry.size}; re-run the plan"
                 )
-            counted = _Counted(data, tick)  # type: ignore[arg-type]
+            counted = _Counted(_MemberChunks(tar, member), tick)  # type: ignore[arg-type]
             writer.add(entry.sha256, counted, entry.size)  # type: ignore[arg-type]
             check()
-    except (tarfile.TarError, EOFError, zstandard.ZstdError) as exc:
+    except (tarfile.TarError, EOFError, ValueError, zstandard.ZstdError) as exc:
         raise TransportError(f"{host}: the file stream broke off: {exc}") from exc
+
+
+def _whole(tar: TarReader, member: Member) -> bytes:
+    return b"".join(bytes(v) for v in tar.content(member))
+
+
+class _MemberChunks:
+    """A member's content as a readable: each read returns at most `size` bytes, a copy
+    (the reader's buffer is reused; the cache's writer thread keeps the chunk)."""
+
+    def __init__(self, tar: TarReader, member: Member) -> None:
+        self._chunks = tar.content(member)
+        self._rest = b""
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._rest:
+            self._rest = bytes(next(self._chunks, b""))
+        n = len(self._rest) if size is None or size < 0 else size
+        out, self._rest = self._rest[:n], self._rest[n:]
+        return out
 
 
 # -- push -----------------------------------------------------------------------

@@ -30,8 +30,7 @@ from typing import Any
 
 from ddtree_deploy.remote.overlay_durable import Batch
 from ddtree_deploy.remote.overlay_staging import guard
-
-CHUNK = 1 << 20
+from ddtree_deploy.remote.overlay_tar_read import TarReader
 
 
 def main(argv: list[str]) -> int:
@@ -92,7 +91,7 @@ def main(argv: list[str]) -> int:
     finisher.start()
     error = None
     try:
-        tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|", bufsize=CHUNK)  # noqa: SIM115
+        tar = TarReader(sys.stdin.buffer)  # each byte read once, into one buffer
         for member in tar:
             if member.name == "end":
                 complete = True
@@ -103,17 +102,12 @@ def main(argv: list[str]) -> int:
             if len(sha) != 64 or sha.strip("0123456789abcdef") or not member.isfile():
                 bad.append(sha)
                 continue
-            src = tar.extractfile(member)
-            assert src is not None  # a regular file
             part = os.path.join(incoming, sha + ".part")
             digest = hashlib.sha256()
             fh = open(part, "wb")  # noqa: SIM115 - closed by the finisher
             size = 0
             try:
-                while True:
-                    chunk = src.read(CHUNK)
-                    if not chunk:
-                        break
+                for chunk in tar.content(member):
                     digest.update(chunk)
                     fh.write(chunk)
                     size += len(chunk)
@@ -121,7 +115,7 @@ def main(argv: list[str]) -> int:
                 fh.close()
                 raise
             finished.put((fh, part, sha, digest.hexdigest() == sha and size == member.size))
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     finished.put(None)
     finisher.join()

@@ -12,6 +12,7 @@ from ddtree_deploy.remote.bundle import Bundle, text
 
 _CHECK = Bundle("overlay staging check", ("overlay_staging.py", "overlay_staging_check.py"))
 _RECEIVE = Bundle("overlay staging receiver", ("overlay_staging.py", "overlay_durable.py",
+                                               "overlay_tar_read.py",
                                                "overlay_staging_receive.py"))
 
 
