@@ -145,10 +145,21 @@ def test_a_refused_session_leaves_the_connection_and_close_is_final(tmp_path: Pa
         t.run("true").check()
         first = t._ensure()
         seen = Seen()
-        holder = threading.Thread(target=lambda: t.run_piped(
-            "echo READY; cat >/dev/null", Stdin(), seen, timeout=30))  # type: ignore[arg-type]
+
+        def hold() -> None:  # sshd may not have freed run("true")'s slot yet: wait for it
+            for _ in range(600):
+                try:
+                    t.run_piped("echo READY; cat >/dev/null", Stdin(), seen,  # type: ignore[arg-type]
+                                timeout=30)
+                    return
+                except TransportError as exc:
+                    if "refused a session" not in str(exc):
+                        raise
+                    time.sleep(0.05)
+
+        holder = threading.Thread(target=hold)
         holder.start()
-        assert seen.ready.wait(10)  # the one session the server allows is taken
+        assert seen.ready.wait(40)  # the one session the server allows is taken
         with pytest.raises(TransportError, match="refused a session"):
             t.run("true")
         release.set()
