@@ -198,3 +198,29 @@ def test_report_of_a_missing_or_broken_file_exits_2(tmp_path: Path) -> None:
     out = _cli("bench", "report", "--results", str(bad))
     assert out.returncode == 2 and "not a bench results file" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_grid_without_dflash_draws_no_empty_dflash_series(results: Results) -> None:
+    """The dummy-weights grid on the H200 had no DFLASH: its chart showed a DFlash legend entry
+    in no-speculation's colour and a gap in every group."""
+    rows = [r for r in fold(results) if r.algorithm != "dflash"]
+    fig, plotted = charts.dflash_vs_ddtree(rows, "greedy")
+    try:
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert labels == ["no speculation", "best DDTree"]
+        assert {p["series"] for p in plotted} == set(labels)
+        for handle, container in zip(legend.legend_handles, ax.containers, strict=True):
+            assert handle.get_facecolor() == container.patches[0].get_facecolor()
+        assert ax.get_title().startswith("No speculation (no DFlash measured) against")
+        # two bars per group, side by side around the group's tick
+        per_group: dict[int, list[float]] = {}
+        for patch in ax.patches:
+            centre = patch.get_x() + patch.get_width() / 2
+            per_group.setdefault(round(centre), []).append(centre)
+        assert all(len(xs) == 2 and sum(xs) / 2 == pytest.approx(g) for g, xs in per_group.items())
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
