@@ -52,6 +52,7 @@ class Rehearsal:
         self._save_lock = threading.Lock()
         self.skip_checks = False
         self.profile = False
+        self.rounds = 3
 
     # --- bookkeeping ----------------------------------------------------------------------
     def left(self) -> float:
@@ -437,7 +438,7 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
                    "ddtree31-ladder")):
         live = [(s.name, s.port) for s in servers if s.name in group and r.healthy(s.name)]
         if live and r.left() > 60:
-            r.result["perf"].update(p.measure(live, rounds=3, tokens=256))
+            r.result["perf"].update(p.measure(live, rounds=r.rounds, tokens=256))
             r.save()
         else:
             r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
@@ -627,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="servers started before the others (they fill the JIT caches)")
     ap.add_argument("--profile", action="store_true",
                     help="perf: profile one request per server first (rehearsal/profile.py)")
+    ap.add_argument("--only", default="",
+                    help="correctness/perf: start only these servers (comma-separated names)")
+    ap.add_argument("--rounds", type=int, default=3, help="perf: alternating rounds")
     ap.add_argument("--bench-runs", default="ladder,dummy",
                     help="bench: the deployments to sweep, in order (ladder, dummy)")
     ap.add_argument("--bench-resume", action="store_true",
@@ -646,11 +650,19 @@ def main(argv: list[str] | None = None) -> int:
     r = Rehearsal(a.carry, a.out, a.budget, a.phase)
     r.skip_checks = a.skip_checks
     r.profile = a.profile
+    r.rounds = max(1, a.rounds)
     hosts: Path | None = None
     try:
         r.step("install", r.install)
         r.step("models", r.models)
         servers = _servers(a.phase)
+        if a.only:
+            wanted = {n for n in a.only.split(",") if n}
+            unknown = wanted - {s.name for s in servers}
+            if unknown:
+                raise SystemExit(f"--only: no such server in phase {a.phase}: "
+                                 f"{', '.join(sorted(unknown))}")
+            servers = [s for s in servers if s.name in wanted]
         from rehearsal.servers import Server, hosts_file
 
         hosts = hosts_file(servers[0] if servers else Server("tool", str(WORK / "models/ladder"),
