@@ -39,6 +39,9 @@ VENV = Path("/opt/torch/.venv")
 WORK = Path("/tmp/rehearsal")  # noqa: S108 -- the GPU host's scratch folder, made anew
 
 
+MIN_SERVER_BUDGET = 340  # seconds a phase that starts servers needs before it measures anything
+
+
 class Rehearsal:
     def __init__(self, carry: Path, out: Path, budget: float, phase: str) -> None:
         self.carry, self.out, self.phase = carry.resolve(), out, phase
@@ -640,6 +643,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-payload", action="store_true",
                     help="leave the payload deployed at the end (a next call on a warm machine)")
     a = ap.parse_args(argv)
+    if a.phase in ("correctness", "perf") and a.budget < MIN_SERVER_BUDGET:
+        # run 11: 265 s left each server's probe 42 s after install, models and the payload
+        # deploy (~70 s), while a cold start takes 105-165 s: nothing was measured
+        ap.error(f"--budget {a.budget:g}: phase {a.phase} needs at least {MIN_SERVER_BUDGET} s "
+                 "(install, models and payload ~70 s, cold server starts up to ~165 s, the "
+                 "probe's margin 100 s)")
     a.out.mkdir(parents=True, exist_ok=True)
     # A warm machine keeps HOME's JIT caches from the call before (a start takes ~55 s warm,
     # ~105 s cold); everything else is made anew.

@@ -148,3 +148,16 @@ def test_the_real_h200_runs_validate_and_say_what_they_found() -> None:
     assert not lossless["ddtree15-alarm-maskfault"].ok  # the negative control failed, as meant
     assert got.checks["sampling/ddtree15-ladder"]["ok"]
     assert not got.checks["sampling/ddtree15-ladder-greedyfollow"]["ok"]
+
+
+def test_a_budget_too_small_to_start_servers_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rehearsal import run
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        run.main(["--carry", str(tmp_path), "--out", str(out), "--phase", "perf",
+                  "--budget", "265"])
+    assert info.value.code == 2
+    assert f"needs at least {run.MIN_SERVER_BUDGET} s" in capsys.readouterr().err
+    assert not out.exists()  # refused before the output folder or the scratch folder is touched
