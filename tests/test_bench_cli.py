@@ -170,3 +170,47 @@ def test_a_held_lock_refuses_the_sweep(setup: dict[str, Any]) -> None:
     assert out.exit_code != 0
     assert "another apply holds localhost" in out.output
     assert not list((setup["tmp"] / "state").rglob("*.log"))  # no server was started
+
+
+def test_a_resume_on_another_stack_is_refused_unless_asked_and_then_marked(
+        setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 10 resumed run 7's ladder file after a payload upgrade and the report printed the new
+    payload for every cell: a resume now refuses a changed stack, or records it when asked."""
+    grid = ["localhost", "svc", "--mode", "plain", "--concurrency", "1", "--sampling", "greedy",
+            "--workloads", "code", "--requests", "1", "--max-new-tokens", "8",
+            "--warmup-requests", "0", "--yes", "--json"]
+    first = _bench(setup, *grid, "--configs", "none")
+    assert first.exit_code == 0, first.output
+    path = Path(json.loads(first.stdout)["results"])
+    before = path.read_bytes()
+
+    from ddtree_deploy.cli import bench as cli_bench
+
+    facts = cli_bench._facts()  # the fixture's facts (the H200's, torch 2.11.0+cu130)
+    venv = facts.venvs[0]
+    assert venv.torch is not None
+    newer = facts.model_copy(deep=True)
+    newer.venvs[0] = venv.model_copy(update={"torch": venv.torch.model_copy(
+        update={"version": "2.12.0+cu130"})})
+    monkeypatch.setattr("ddtree_deploy.cli.bench._facts", lambda *a, **k: newer)
+
+    refused = _bench(setup, *grid, "--configs", "none,ddtree:15/8")
+    assert refused.exit_code == 2, refused.output
+    assert "measured on another stack (torch '2.11.0+cu130' then, '2.12.0+cu130' now)" in \
+        refused.output
+    assert "--mixed-stack" in refused.output
+    assert path.read_bytes() == before  # nothing measured, nothing written
+
+    mixed = _bench(setup, *grid, "--configs", "none,ddtree:15/8", "--mixed-stack")
+    assert mixed.exit_code == 0, mixed.output
+    results = Results.load(path)
+    assert results.configs["nospec"]["stack"]["torch"] == "2.11.0+cu130"
+    assert results.configs["ddtree-15-8"]["stack"]["torch"] == "2.12.0+cu130"
+    assert [f["torch"] for f in results.data["facts_history"]] == ["2.11.0+cu130"]
+    assert results.data["host_facts"]["torch"] == "2.12.0+cu130"
+    from ddtree_deploy.bench.report import build_report
+
+    build_report(results, setup["tmp"] / "report")
+    text = (setup["tmp"] / "report" / "report.md").read_text()
+    assert "MIXED STACKS" in text
+    assert "nospec: payload -, sglang ?, torch 2.11.0+cu130" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,24 @@ def _facts_lines(results: Results) -> list[str]:
             f"GPU: {gpus}; driver {f.get('driver_version') or '?'}, CUDA "
             f"{f.get('cuda_version') or '?'}, lane {f.get('lane') or '?'}",
             f"torch {f.get('torch') or '?'}, sglang {f.get('sglang') or '?'}, payload "
-            f"{f.get('payload') or '-'}, python {f.get('python') or '?'}"]
+            f"{f.get('payload') or '-'}, python {f.get('python') or '?'}", *_mixed(results)]
+
+
+def _mixed(results: Results) -> list[str]:
+    """A line per configuration when they did not all run on one stack (`--mixed-stack`)."""
+    stacks = results.stacks()
+    if len({json.dumps(v, sort_keys=True) for v in stacks.values()}) <= 1 and not \
+            results.data.get("facts_history"):
+        return []
+    lines = ["**MIXED STACKS**: these configurations did not all run on the same software"]
+    for key in results.configs:
+        st = stacks.get(key)
+        lines.append(f"{key}: " + ("stack not recorded" if st is None else
+                                   f"payload {st.get('payload') or '-'}, sglang "
+                                   f"{st.get('sglang') or '?'}, torch {st.get('torch') or '?'}, "
+                                   f"driver {st.get('driver_version') or '?'}, host "
+                                   f"{st.get('hostname') or '?'}"))
+    return lines
 
 
 def _flags(results: Results) -> list[tuple[str, str]]:

@@ -5,6 +5,12 @@
 and one row per measured cell (configuration x workload x concurrency x sampling x repeat).
 Saving rewrites both files atomically after every cell, so a killed sweep loses at most the
 cell it was running and a re-run skips what is already measured (resume).
+
+Each configuration also records the software and hardware it ran on (its `stack`: GPU, driver,
+CUDA, python, torch, lane, sglang, payload). A resume on a host whose stack changed since the
+file's cells were measured (e.g. a payload upgrade) would put two stacks into one comparison:
+`stack_change` says what changed, the CLI refuses unless asked, and the facts the file held before
+go to `facts_history`.
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ CONFIG_COLUMNS = ("name", "algorithm", "budget", "topk", "shadow_linear")
 CSV_COLUMNS = (*CELL_KEYS, *CONFIG_COLUMNS, *METRICS)
 
 CellKey = tuple[str, str, int, str, int]
+#: the host facts that make two measurements comparable (not the time they were read)
+STACK_KEYS = ("hostname", "gpus", "driver_version", "cuda_version", "python", "torch", "lane",
+              "sglang", "payload")
+
+
+def stack_of(facts: dict[str, Any]) -> dict[str, Any]:
+    return {k: facts.get(k) for k in STACK_KEYS}
 
 
 def results_dir(host: str, service: str) -> Path:
@@ -99,7 +112,30 @@ class Results:
                  int(c["repeat"])) for c in self.cells}
 
     def set_config(self, key: str, info: dict[str, Any]) -> None:
-        self.configs[key] = {**self.configs.get(key, {}), **info}
+        stack = stack_of(self.data.get("host_facts") or {})
+        self.configs[key] = {**self.configs.get(key, {}), "stack": stack, **info}
+
+    def stack_change(self, facts: dict[str, Any]) -> list[str]:
+        """The stack keys in which ``facts`` differ from those the measured cells ran on
+        (empty when nothing is measured yet)."""
+        if not self.cells:
+            return []
+        old = stack_of(self.data.get("host_facts") or {})
+        new = stack_of(facts)
+        return [k for k in STACK_KEYS if old[k] != new[k]]
+
+    def record_facts(self, facts: dict[str, Any]) -> None:
+        """The host's facts for what is measured next; facts of another stack are kept."""
+        old = self.data.get("host_facts") or {}
+        if old and self.stack_change(facts):
+            history = self.data.setdefault("facts_history", [])
+            if not history or stack_of(history[-1]) != stack_of(old):
+                history.append(old)
+        self.data["host_facts"] = facts
+
+    def stacks(self) -> dict[str, dict[str, Any]]:
+        """Configuration -> the stack it ran on, where the file records it."""
+        return {k: info["stack"] for k, info in self.configs.items() if info.get("stack")}
 
     def add_cell(self, key: CellKey, metrics: dict[str, Any], errors: list[str]) -> None:
         row = dict(zip(CELL_KEYS, key, strict=True))

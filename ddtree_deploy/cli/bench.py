@@ -82,6 +82,9 @@ def run(
                                  help="seconds the probe's first tokens may take (JIT compiles)"),
     force: bool = typer.Option(False, "--force", help="use a GPU other processes hold or a "
                                                       "taken port anyway (as service up)"),
+    mixed_stack: bool = typer.Option(False, "--mixed-stack",
+                                     help="resume a results file measured on another stack "
+                                          "(payload, sglang, torch, driver, GPU) anyway"),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would run, run nothing"),
     as_json: bool = typer.Option(False, "--json"),
@@ -122,7 +125,16 @@ def run(
             mode = "systemd" if has_systemd else "plain"
         path = results_file or results_dir(spec_host.name, base.name) / "results.json"
         results = Results.open(path, host=spec_host.name, service=base.name)
-        results.data["host_facts"] = host_facts(facts, base)
+        now = host_facts(facts, base)
+        changed = results.stack_change(now)
+        if changed and not mixed_stack:
+            was = results.data.get("host_facts") or {}
+            diff = "; ".join(f"{k} {was.get(k)!r} then, {now.get(k)!r} now" for k in changed)
+            raise UsageError(f"{path}: its {len(results.cells)} cells were measured on another "
+                             f"stack ({diff}): resuming would compare the two in one report",
+                             hint="pass another --results file, or --mixed-stack to resume "
+                                  "anyway (each configuration records the stack it ran on)")
+        results.record_facts(now)
         results.data["grid"] = {"source": grid.source, "requests": grid.requests,
                                 "max_new_tokens": grid.max_new_tokens,
                                 "time_limit_s": grid.time_limit_s, "prompts": "ids"
