@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from foreground import sigint_default
 
 from ddtree_deploy.bench.results import Results
 from ddtree_deploy.localproc import pid_alive
@@ -117,8 +118,10 @@ def test_an_unhealthy_configuration_is_recorded_and_the_sweep_goes_on(root: Path
 def test_ctrl_c_stops_the_server_keeps_what_was_measured_and_resumes(root: Path,
                                                                      sig: signal.Signals) -> None:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(root), str(port), "dflash,none"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # SIGINT at its default, as Ctrl-C finds it at a terminal (tests/foreground.py: CI's
+    # background job would hand it down ignored, and the runner would rightly not stop)
+    argv = sigint_default([sys.executable, str(RUNNER), str(root), str(port), "dflash,none"])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**_env(), "BENCH_RUNNER_HOLD": "1"})  # mid-way when signalled
     server = 0
     try:

@@ -10,6 +10,7 @@ the probe's verdict and the sweep goes on with the next one.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -119,6 +120,16 @@ def interrupts_as_keyboard() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def sigint_note() -> str | None:
+    """What to tell the user when Ctrl-C cannot stop the sweep: this process came with SIGINT
+    ignored (a shell without job control starts its background commands so, and a SIGINT the
+    caller ignored stays ignored); SIGTERM still stops it, putting the service back."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return None
+    return (f"note: this process was started with SIGINT ignored (e.g. in the background by a "
+            f"script), so Ctrl-C does not stop the sweep; SIGTERM does: kill {os.getpid()}")
+
+
 @contextmanager
 def shielded() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait while the unit is put back (a second Ctrl-C cannot cut it)."""
@@ -158,6 +169,9 @@ def run_sweep(t: ExecTransport, control: ServerControl, plan: Plan, results: Res
     grid = plan.grid
     summary: dict[str, Any] = {"measured": 0, "skipped": plan.skipped, "unhealthy": [],
                                "interrupted": False, "restored": None}
+    note = sigint_note()
+    if note is not None:
+        hooks.say(note)
     control.prepare()
     try:
         with interrupts_as_keyboard():
