@@ -31,8 +31,11 @@ class ToolCall(_Open):
 class ServerRun(_Open):
     port: int = Field(ge=1, le=65535)
     argv: list[str]
-    probe_exit: int
-    probe: dict[str, Any]
+    # None: not probed by the tool (``tool_probe=False``: the rehearsal waited for /health and
+    # a greedy answer itself, recorded in ``healthy_by``)
+    probe_exit: int | None
+    probe: dict[str, Any] = Field(default_factory=dict)
+    healthy_by: str | None = None
     ready_s: float | None = None
 
 
@@ -63,9 +66,11 @@ class Result(BaseModel):
     steps: dict[str, Step | ToolCall | str | dict[str, Any]] = Field(default_factory=dict)
     tool: dict[str, ToolCall] = Field(default_factory=dict)
     servers: dict[str, ServerRun] = Field(default_factory=dict)
-    checks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # run 4 wrote one check as a list of tries (later runs: {"tries": [...]})
+    checks: dict[str, dict[str, Any] | list[Any]] = Field(default_factory=dict)
     perf: dict[str, dict[str, Any]] = Field(default_factory=dict)
     bench: dict[str, Any] | None = None
+    profiles: dict[str, dict[str, Any]] | None = None  # perf --profile (rehearsal/profile.py)
     not_run: list[NotRun] = Field(default_factory=list)
     errors: list[ErrorNote] = Field(default_factory=list)
 

@@ -39,7 +39,46 @@ VENV = Path("/opt/torch/.venv")
 WORK = Path("/tmp/rehearsal")  # noqa: S108 -- the GPU host's scratch folder, made anew
 
 
-MIN_SERVER_BUDGET = 340  # seconds a phase that starts servers needs before it measures anything
+# Seconds a phase that starts servers needs before it measures anything: install, models and
+# the payload deploy (~75 s), a start group (10 cold servers were all up by 207 s in run 8; run
+# 9's two groups took 296 s) and the probe's margin (100 s).
+SETUP_S, GROUP_S, MARGIN_S = 75, 210, 100
+MIN_SERVER_BUDGET = SETUP_S + GROUP_S + MARGIN_S  # one start group (--warm 0)
+
+
+def min_budget(groups: int) -> int:
+    """A second start group (``--warm N``) mostly finds warm JIT caches: ~half a cold group."""
+    return MIN_SERVER_BUDGET + (GROUP_S // 2) * max(0, groups - 1)
+
+
+def check_args(a: argparse.Namespace) -> str | None:
+    """What is wrong with the options, found before anything runs (None: nothing)."""
+    if a.rounds < 1:
+        return f"--rounds must be at least 1, got {a.rounds}"
+    kinds = [k for k in a.bench_runs.split(",") if k]
+    if a.phase == "bench" and (not kinds or any(k not in ("ladder", "dummy") for k in kinds)
+                               or len(set(kinds)) != len(kinds)):
+        return f"--bench-runs: distinct names among ladder and dummy, got {a.bench_runs!r}"
+    if a.phase not in ("correctness", "perf"):
+        return None
+    servers = _servers(a.phase)
+    wanted = [n for n in a.only.split(",") if n]
+    unknown = sorted(set(wanted) - {s.name for s in servers})
+    if unknown:
+        return f"--only: no such server in phase {a.phase}: {', '.join(unknown)}"
+    started = [s for s in servers if not wanted or s.name in wanted]
+    groups = 2 if 0 < a.warm < len(started) else 1
+    need = min_budget(groups)
+    if a.budget < need:
+        # run 11: 265 s left each server's probe 42 s after install, models and the payload
+        # deploy, while a cold start takes 105-207 s: nothing was measured
+        return (f"--budget {a.budget:g}: phase {a.phase} with {len(started)} servers in "
+                f"{groups} start group(s) needs at least {need} s (setup ~{SETUP_S} s, a cold "
+                f"start group up to ~{GROUP_S} s, the probe's margin {MARGIN_S} s)")
+    if a.no_prewarm and any(s.algorithm == "dflash" and s.tool_probe for s in started):
+        return ("--no-prewarm: a DFLASH server probed by the tool sends a sampled request, "
+                "which would pay sgl-kernel's first top_k_renorm_prob (~100 s) inside its probe")
+    return None
 
 
 class Rehearsal:
@@ -425,7 +464,9 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
         r.result["checks"][f"accept/{name}"] = checks.long_accept(port[name], lad, "DFLASH",
                                                                  15, 8)
 
-    if not r.skip_checks:
+    if not r.skip_checks and "dflash-ladder" not in port:
+        r.result["not_run"].append({"step": "perf checks", "why": "dflash-ladder not started"})
+    elif not r.skip_checks:
         r.step("dflash checks", dflash_checks, need=60)
         r.step("dflash sampled", lambda: _sampled_times(r, "dflash-ladder",
                                                         port["dflash-ladder"]), need=30)
@@ -469,7 +510,8 @@ def _profiles(r: Rehearsal, port: dict[str, int]) -> None:
             folder = WORK / "profiles" / key.replace("/", "-")
             try:
                 out[key] = profile.capture(port[name], folder, steps=24, tokens=160,
-                                           with_stack=with_stack)
+                                           with_stack=with_stack,
+                                           timeout=max(30.0, min(120.0, r.left() - 30)))
             except Exception as exc:  # one server's failure is its own
                 out[key] = {"error": f"{type(exc).__name__}: {exc}"}
                 continue
@@ -643,12 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-payload", action="store_true",
                     help="leave the payload deployed at the end (a next call on a warm machine)")
     a = ap.parse_args(argv)
-    if a.phase in ("correctness", "perf") and a.budget < MIN_SERVER_BUDGET:
-        # run 11: 265 s left each server's probe 42 s after install, models and the payload
-        # deploy (~70 s), while a cold start takes 105-165 s: nothing was measured
-        ap.error(f"--budget {a.budget:g}: phase {a.phase} needs at least {MIN_SERVER_BUDGET} s "
-                 "(install, models and payload ~70 s, cold server starts up to ~165 s, the "
-                 "probe's margin 100 s)")
+    problem = check_args(a)
+    if problem:
+        ap.error(problem)
     a.out.mkdir(parents=True, exist_ok=True)
     # A warm machine keeps HOME's JIT caches from the call before (a start takes ~55 s warm,
     # ~105 s cold); everything else is made anew.
@@ -659,18 +698,14 @@ def main(argv: list[str] | None = None) -> int:
     r = Rehearsal(a.carry, a.out, a.budget, a.phase)
     r.skip_checks = a.skip_checks
     r.profile = a.profile
-    r.rounds = max(1, a.rounds)
+    r.rounds = a.rounds
     hosts: Path | None = None
     try:
         r.step("install", r.install)
         r.step("models", r.models)
         servers = _servers(a.phase)
-        if a.only:
+        if a.only:  # names checked by check_args
             wanted = {n for n in a.only.split(",") if n}
-            unknown = wanted - {s.name for s in servers}
-            if unknown:
-                raise SystemExit(f"--only: no such server in phase {a.phase}: "
-                                 f"{', '.join(sorted(unknown))}")
             servers = [s for s in servers if s.name in wanted]
         from rehearsal.servers import Server, hosts_file
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,10 @@ m = types.ModuleType("sglang"); m.__path__ = [sys.argv[1]]; sys.modules["sglang"
 from sglang.srt.speculative import ddtree_verify, ddtree_sampling
 mask = torch.eye(3, dtype=torch.bool).unsqueeze(0)
 flat = ddtree_verify.tree_custom_mask(mask, torch.tensor([0]), 9)
+gen = torch.Generator().manual_seed(3)
+two = torch.rand((2, 4, 4), generator=gen) < 0.5
+both = ddtree_verify.tree_custom_mask(two, torch.tensor([2, 5]), 4 * (2 + 4) + 4 * (5 + 4))
+sys.stderr.write("FLAT " + "".join("1" if v else "0" for v in both.tolist()) + "\n")
 logits = torch.tensor([[0.0, 3.0, 0.0]] * 400)
 ones = torch.ones(400)
 s = ddtree_sampling.sample_tokens(logits, ones * 4.0, torch.full((400,), 3), ones,
@@ -51,7 +56,11 @@ def _package(tmp: Path) -> Path:
     return pkg
 
 
-def _run(pkg: Path, fault: str | None) -> tuple[int, float]:
+def _flat(stderr: str) -> str:
+    return next(line[5:] for line in stderr.splitlines() if line.startswith("FLAT "))
+
+
+def _run(pkg: Path, fault: str | None) -> tuple[int, float, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if fault:
         env["REHEARSAL_FAULT"] = fault
@@ -61,22 +70,24 @@ def _run(pkg: Path, fault: str | None) -> tuple[int, float]:
     allowed, share = done.stdout.split()
     if fault:
         assert f"REHEARSAL FAULT ACTIVE: {fault}" in done.stderr
-    return int(allowed), float(share)
+    return int(allowed), float(share), _flat(done.stderr)
 
 
 def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) -> None:
     pkg = _package(tmp_path)
-    clean_allowed, clean_share = _run(pkg, None)
+    clean_allowed, clean_share, clean_flat = _run(pkg, None)
     assert clean_allowed == 3  # three slots that each see only themselves
     assert 0.4 < clean_share < 0.75  # token 1 at temperature 4: e^0.75 / (e^0.75 + 2) = 0.51
-    mask_allowed, _ = _run(pkg, "mask")
+    assert len(clean_flat) == 4 * 6 + 4 * 9 and clean_flat[:2] == "11"  # prefix columns open
+    mask_allowed, _, mask_flat = _run(pkg, "mask")
     assert mask_allowed == 5  # slot i also sees slot i + 1
-    _, greedy_share = _run(pkg, "greedy-follow")
+    assert mask_flat != clean_flat
+    _, greedy_share, _ = _run(pkg, "greedy-follow")
     assert greedy_share == 1.0
-    _, hot_share = _run(pkg, "hot")
+    _, hot_share, _ = _run(pkg, "hot")
     assert hot_share > 0.8  # temperature 1: e^3 / (e^3 + 2) = 0.91
-    pinned_allowed, pinned_share = _run(pkg, "mask-pinned")  # a variant, not a fault
-    assert (pinned_allowed, pinned_share) == (clean_allowed, clean_share)
+    # a variant, not a fault: the same mask bit for bit (two requests, prefixes 2 and 5)
+    assert _run(pkg, "mask-pinned") == (clean_allowed, clean_share, clean_flat)
 
 
 def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:
@@ -150,14 +161,54 @@ def test_the_real_h200_runs_validate_and_say_what_they_found() -> None:
     assert not got.checks["sampling/ddtree15-ladder-greedyfollow"]["ok"]
 
 
-def test_a_budget_too_small_to_start_servers_is_refused_before_anything_runs(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("args", "message"), [
+    (["--phase", "perf", "--warm", "0", "--budget", "265"], "1 start group(s) needs at least 385"),
+    (["--phase", "correctness", "--budget", "450"], "in 2 start group(s) needs at least 490 s"),
+    (["--phase", "perf", "--only", "dflash-dummy,nosuch"], "no such server in phase perf: nosuch"),
+    (["--phase", "perf", "--no-prewarm", "--only", "dflash-ladder"],
+     "--no-prewarm: a DFLASH server probed by the tool"),
+    (["--phase", "perf", "--rounds", "0"], "--rounds must be at least 1"),
+    (["--phase", "bench", "--bench-runs", "dummy,dummy"], "distinct names among ladder and dummy"),
+    (["--phase", "bench", "--bench-runs", ","], "distinct names among ladder and dummy"),
+])
+def test_bad_options_are_refused_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        args: list[str], message: str) -> None:
     from rehearsal import run
 
+    work, venv = tmp_path / "work", tmp_path / "venv"
+    work.mkdir()
+    (work / "keep").write_text("x")
+    monkeypatch.setattr(run, "WORK", work)  # were anything to run, it would stay in tmp_path
+    monkeypatch.setattr(run, "VENV", venv)
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as info:
-        run.main(["--carry", str(tmp_path), "--out", str(out), "--phase", "perf",
-                  "--budget", "265"])
+        run.main(["--carry", str(tmp_path), "--out", str(out), *args])
     assert info.value.code == 2
-    assert f"needs at least {run.MIN_SERVER_BUDGET} s" in capsys.readouterr().err
-    assert not out.exists()  # refused before the output folder or the scratch folder is touched
+    assert message in capsys.readouterr().err
+    assert not out.exists() and not venv.exists()
+    assert [p.name for p in work.iterdir()] == ["keep"]  # the scratch folder untouched
+
+
+def test_the_default_phases_fit_their_documented_budgets() -> None:
+    """The commands in RESULTS.md's runs pass the budget check (runs 8 and 9 did run)."""
+    import argparse
+
+    from rehearsal import run
+
+    def ns(phase: str, budget: float, warm: int, only: str = "", prewarm: bool = True) -> Any:
+        return argparse.Namespace(phase=phase, budget=budget, warm=warm, only=only, rounds=3,
+                                  bench_runs="ladder,dummy", no_prewarm=not prewarm)
+
+    assert run.check_args(ns("perf", 555, 0)) is None  # run 8
+    assert run.check_args(ns("correctness", 550, 2)) is None  # run 9
+    assert run.check_args(ns("bench", 120, 2)) is None  # bench starts its own servers
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "results" / "rehearsal")
+                                        .glob("h200-run*.json")), ids=lambda p: p.name)
+def test_every_committed_gpu_run_validates_against_the_schema(path: Path) -> None:
+    got = result.load(str(path))
+    assert got.format == 1 and got.phase in ("correctness", "perf", "dflash-sampled", "bench")
+    for name, server in got.servers.items():
+        assert server.probe_exit is not None or server.healthy_by, name

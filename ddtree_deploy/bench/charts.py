@@ -143,10 +143,12 @@ def dflash_vs_ddtree(rows: list[Row], sampling: str) -> tuple[Any, list[dict[str
                             va="bottom", fontsize=7)
         ax.bar(xs, ys, width=width, label=series, color=COLORS[si])
     shown = [series for _, series, _ in present]
-    rival = "DFlash" if "DFlash" in shown else "No speculation (no DFlash measured)"
+    rival = ("DFlash" if "DFlash" in shown else "No speculation (no DFlash measured)"
+             if "no speculation" in shown else "No baseline measured")
+    tree = "the best DDTree" if "best DDTree" in shown else "DDTree (none measured)"
     ax.set_xticks(range(len(groups)), [f"{w}\nc={c}" for w, c in groups], fontsize=8)
     ax.set_ylabel("output tokens/s (all requests)")
-    ax.set_title(f"{rival} against the best DDTree budget/top-k per workload ({sampling})")
+    ax.set_title(f"{rival} against {tree} budget/top-k per workload ({sampling})")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
