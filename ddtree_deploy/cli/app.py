@@ -151,8 +151,11 @@ def _output_lost(exc: OSError) -> None:
 def main(argv: "list[str] | None" = None) -> None:
     """Console entry point; typer handles usage errors (exit 2) and exits itself."""
     args = list(sys.argv[1:] if argv is None else argv)
-    guard = threading.current_thread() is threading.main_thread()
-    if guard:  # Ctrl-C during the imports: a line and 130, not a traceback
+    # Ctrl-C during the imports: a line and 130, not a traceback; a SIGINT the caller ignored
+    # (a background job of a shell without job control) stays ignored, as later in the run
+    guard = (threading.current_thread() is threading.main_thread()
+             and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+    if guard:
         previous = signal.signal(signal.SIGINT, _interrupted_at_start)
     from ddtree_deploy.errors import DeployError
 
