@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from foreground import sigint_default
+
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_HOSTS = ROOT / "tests" / "data" / "hosts_good" / "minimal.yaml"
 ADDRESS_SPACE = 1 << 30  # 1 GiB: the CLI needs about 40 MB resident
@@ -47,7 +49,10 @@ def run_cli(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None,
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "80",
                 "XDG_STATE_HOME": str(cwd / "state"), "XDG_CONFIG_HOME": str(cwd / "config"),
                 "DDTREE_DEPLOY_HOSTS": "", **(env or {})}
-    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=full_env,
+    # as from a terminal: SIGINT at its default even where the suite runs as a background job
+    # (which inherits it ignored; the CLI keeps an ignored SIGINT ignored)
+    proc = subprocess.run(sigint_default([sys.executable, "-c", code, *argv]), cwd=cwd,
+                          env=full_env,
                           stdin=subprocess.DEVNULL,
                           stdout=stdout if stdout is not None else subprocess.PIPE,
                           stderr=subprocess.PIPE, timeout=TIMEOUT_S, check=False)
