@@ -22,29 +22,21 @@ def _seen_during_build(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
-def test_ctrl_c_while_importing_gets_the_short_exit(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _seen_during_build(monkeypatch)
+@pytest.mark.parametrize(("inherited", "while_importing"), [
     # as from a terminal (the suite itself may run with SIGINT ignored: a background job)
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(SystemExit):
-            app.main(["--version"])
-        assert seen == [app._interrupted_at_start]
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-def test_a_sigint_the_caller_ignored_stays_ignored_while_importing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A background job of a shell without job control starts with SIGINT ignored: the CLI
-    keeps it so during the imports as it does for the rest of the run."""
+    (signal.default_int_handler, app._interrupted_at_start),
+    # a background job of a shell without job control starts with SIGINT ignored: the CLI keeps
+    # it so during the imports as it does for the rest of the run
+    (signal.SIG_IGN, signal.SIG_IGN),
+], ids=["terminal", "ignored-by-the-caller"])
+def test_sigint_while_importing(monkeypatch: pytest.MonkeyPatch, inherited: Any,
+                                while_importing: Any) -> None:
     seen = _seen_during_build(monkeypatch)
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = signal.signal(signal.SIGINT, inherited)
     try:
         with pytest.raises(SystemExit):
             app.main(["--version"])
-        assert seen == [signal.SIG_IGN]
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert seen == [while_importing]
+        assert signal.getsignal(signal.SIGINT) is inherited  # put back as it came
     finally:
         signal.signal(signal.SIGINT, old)
