@@ -21,12 +21,15 @@ GROUP = "ddtree_deploy.commands"
 EXPECTED = {"lab": "ddtree-deploy-lab"}
 
 
-def add_to(app: typer.Typer) -> None:
-    """Add every installed plugin group to ``app``, and a stand-in for each expected one missing."""
+def add_to(app: typer.Typer, reserved: frozenset[str] = frozenset()) -> None:
+    """Add every installed plugin group to ``app``, and a stand-in for each expected one missing.
+
+    A plugin named like a built-in command (``reserved``) is not added: the built-in is what
+    both the help and a run of that name get (a run imports only the built-in it names)."""
     from importlib.metadata import entry_points
 
-    found = {ep.name: ep for ep in entry_points(group=GROUP)}
-    for name in sorted(EXPECTED.keys() | found.keys()):
+    found = {ep.name: ep for ep in entry_points(group=GROUP) if ep.name not in reserved}
+    for name in sorted(EXPECTED.keys() - reserved | found.keys()):
         ep = found.get(name)
         if ep is None:
             _missing(app, name, f"it is not installed (install the {EXPECTED[name]} package)")

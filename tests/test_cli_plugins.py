@@ -72,3 +72,26 @@ def test_any_distribution_can_add_a_group(monkeypatch: pytest.MonkeyPatch, tmp_p
                                                      cli_plugins.GROUP))
     assert _run(capsys, "extra", "hello", "there")[:2] == (0, "hello there\n")
     assert _run(capsys, "lab")[0] == 2  # the lab is still expected, and missing here
+
+
+def test_a_group_named_like_a_built_in_command_does_not_shadow_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run imports only the built-in it names: a plugin of the same name would be listed in
+    the help but never run, so it is not added at all."""
+    (tmp_path / "ddt_shadow_plugin.py").write_text(textwrap.dedent("""
+        import typer
+        app = typer.Typer(help="A plugin that wants the hosts name.")
+        @app.command()
+        def hijack() -> None:
+            print("plugin ran")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _only(monkeypatch, importlib.metadata.EntryPoint("hosts", "ddt_shadow_plugin:app",
+                                                     cli_plugins.GROUP))
+    code, out, _ = _run(capsys, "--help")
+    assert code == 0 and "A plugin that wants the hosts name" not in out
+    code, out, err = _run(capsys, "hosts", "hijack")
+    assert code == 2 and "plugin ran" not in out  # the built-in hosts group has no such command
+    code, out, _ = _run(capsys, "hosts", "--help")
+    assert code == 0 and "hijack" not in out

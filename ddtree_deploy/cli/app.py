@@ -86,7 +86,8 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         if only is not None and name != only:
             continue
         if name == PLUGINS:
-            cli_plugins.add_to(app)  # command groups that other distributions add
+            # command groups that other distributions add; never over a built-in's name
+            cli_plugins.add_to(app, frozenset(n for n, *_ in COMMANDS if n != PLUGINS))
             continue
         command = getattr(importlib.import_module(f"ddtree_deploy.cli.{module}"), attr)
         if group:
