@@ -123,11 +123,12 @@ def dflash_vs_ddtree(rows: list[Row], sampling: str) -> tuple[Any, list[dict[str
     # A series with no measurement at all (e.g. no DFLASH in the grid) gets no bar slot, no
     # legend entry and no place in the title: an empty bar set would show a legend swatch in
     # the wrong colour and a gap in every group.
-    found = [(si, series, [(gi, get(w, c)) for gi, (w, c) in enumerate(groups)])
-             for si, (series, get) in enumerate(pick)]
-    present = [(si, series, [(gi, r) for gi, r in cells if r is not None and r.tok_s is not None])
-               for si, series, cells in found]
-    present = [item for item in present if item[2]]
+    present = []
+    for si, (series, get) in enumerate(pick):
+        cells = [(gi, r) for gi, (w, c) in enumerate(groups)
+                 if (r := get(w, c)) is not None and r.tok_s is not None]
+        if cells:
+            present.append((si, series, cells))
     width = 0.8 / max(1, len(present))
     for slot, (si, series, cells) in enumerate(present):
         xs, ys = [], []

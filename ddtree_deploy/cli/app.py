@@ -39,6 +39,7 @@ COMMANDS: tuple[tuple[str, str, str, bool], ...] = (
     (PLUGINS, "", "", True),
     ("bench", "bench", "app", True),
 )
+BUILT_INS = frozenset(name for name, *_ in COMMANDS if name != PLUGINS)
 
 
 def invoked(args: list[str]) -> str | None:
@@ -54,7 +55,7 @@ def invoked(args: list[str]) -> str | None:
         elif arg.startswith("-"):
             return None
         else:
-            return arg if arg in {c[0] for c in COMMANDS if c[0] != PLUGINS} else None
+            return arg if arg in BUILT_INS else None
     return None
 
 
@@ -87,7 +88,7 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
             continue
         if name == PLUGINS:
             # command groups that other distributions add; never over a built-in's name
-            cli_plugins.add_to(app, frozenset(n for n, *_ in COMMANDS if n != PLUGINS))
+            cli_plugins.add_to(app, BUILT_INS)
             continue
         command = getattr(importlib.import_module(f"ddtree_deploy.cli.{module}"), attr)
         if group:
