@@ -17,6 +17,7 @@ app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_k
                   invoke_without_command=True, no_args_is_help=True)
 out = console(soft_wrap=True)
 err = console(stderr=True, soft_wrap=True)
+COMPRESS = ("auto", "always", "never")  # overlay/relay.py's choices for the streams
 
 
 def _host_path(value: str | None, flag: str) -> str | None:
@@ -63,6 +64,9 @@ def overlay(
     from_host: str = typer.Option(None, "--from", help="source host (default: the lane's)"),
     from_venv: str = typer.Option(None, "--from-venv", help="source venv (default: the lane's)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would change, send nothing"),
+    compress: str = typer.Option("auto", "--compress", metavar="auto|always|never",
+                                 help="zstd on the streams: chosen by measurement (auto), "
+                                      "always, or never"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Overlay the lane --abi onto a venv (or run a subcommand: rollback, history)."""
@@ -72,6 +76,8 @@ def overlay(
         raise UsageError("--abi LANE is needed (e.g. --abi cu130)")
     _host_path(venv, "--venv")
     _host_path(from_venv, "--from-venv")
+    if compress not in COMPRESS:
+        raise UsageError(f"--compress {compress!r}: expected one of {', '.join(COMPRESS)}")
     from ddtree_deploy.overlay.blobcache import BlobCache
     from ddtree_deploy.overlay.lanefile import load_lane
     from ddtree_deploy.overlay.progress import RichProgress
@@ -98,7 +104,7 @@ def overlay(
         return
     with RichProgress(lambda: rich_console(err)) as progress:  # rich only once bytes move
         fleet = run_fleet(config, lane, targets, cache=cache, progress=progress,
-                          on_status=lambda s: None, densify=True)
+                          on_status=lambda s: None, compress=compress, densify=True)
     changed = [r for r in fleet.targets if r.result != "unchanged"]
     if changed:  # an unchanged venv keeps its facts (and the run never loads the facts model)
         from ddtree_deploy.facts.cache import FactsCache
