@@ -26,9 +26,15 @@ root gets its own medians and ratios against the same scp.
 `--host-zstd` copies the workstation's zstd binary (the lab's containers are the same
 Debian) into every lab host's /usr/local/bin first, as the real hosts have it; removed
 at the end.
+`--cold-modes never,always,auto` adds, in each round after the scp hops, one cold run per
+mode (`overlay --compress MODE`, an empty cache and a fresh clone each; the order rotates
+from round to round; each run's cache recompression waited for before the next), with the
+CPU seconds of every lab host and of the workstation during each run and each scp hop
+(benchmarks/cpu_by_host.py, from /proc); `--cold-only` skips the other cases.
 
     flock /tmp/ddtree-lab-session.lock .venv/bin/python benchmarks/overlay_real_lane.py \
-        [--rounds 3] [--extra 2] [--host-zstd] [--roots /tmp/before /work/main]
+        [--rounds 3] [--extra 2] [--host-zstd] [--roots /tmp/before /work/main] \
+        [--cold-modes never,always,auto [--cold-only]]
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cpu_by_host import CpuReport, lab_namespaces, run_measured
 
 from ddtree_deploy import xdg
 from ddtree_lab import manager
@@ -158,7 +166,17 @@ def main() -> None:
     ap.add_argument("--roots", nargs="+", default=[], metavar="ROOT",
                     help="checkouts to compare, alternating in each round (default: the "
                          "installed tool)")
+    ap.add_argument("--cold-modes", default="", metavar="MODE,...",
+                    help="cold runs with `overlay --compress MODE` for each mode (auto, "
+                         "always, never), alternating in each round, with CPU per host")
+    ap.add_argument("--cold-only", action="store_true",
+                    help="with --cold-modes: only the scp hops and those cold runs")
     args = ap.parse_args()
+    args.modes = [m for m in args.cold_modes.split(",") if m]
+    if any(m not in ("auto", "always", "never") for m in args.modes):
+        ap.error("--cold-modes: expected auto, always and never, comma-separated")
+    if args.cold_only and not args.modes:
+        ap.error("--cold-only goes with --cold-modes")
     wheels = wheel_dir()
     manager.up(extra=args.extra, link_rate=args.rate)
     try:
@@ -197,12 +215,19 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
         subprocess.run([CLI, "--hosts", str(hosts), "venv", "clone", host, "/root/venv", venv],
                        check=True, capture_output=True, env=env, timeout=600)
 
-    roots = args.roots or [""]
+    roots = [] if args.cold_only else args.roots or [""]
     rounds: dict[str, list[dict[str, float]]] = {r: [] for r in roots}
     stages: dict[str, dict[str, list[dict]]] = {
         r: {"cold": [], "warm": [], "unchanged": [], "fleet": []} for r in roots}
+    ab = ColdAB(args.modes, by, base, blobs, clone) if args.modes else None
     for n in range(args.rounds):
-        scp = scp_hops(by["ct129"], by["ct200"], site, work / "scp")
+        if ab is not None:
+            scp, cpu = scp_measured(by["ct129"], by["ct200"], site, work / "scp", ab)
+            ab.scp.append((scp, cpu))
+            print(f"round {n + 1}: scp {scp:.2f}s; {cpu.line()}", flush=True)
+            ab.round(n, env)
+        else:
+            scp = scp_hops(by["ct129"], by["ct200"], site, work / "scp")
         for root in roots:
             renv = {**env, "PYTHONPATH": root} if root else env
             row = {"scp": scp, **overlay_round(base, by, fleet_hosts, blobs, renv, clone,
@@ -212,6 +237,99 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
                   + ", ".join(f"{k} {v:.2f}s" for k, v in row.items()), flush=True)
     for root in roots:
         report(root, rounds[root], stages[root], size, args)
+    if ab is not None:
+        ab.report(size, args)
+
+
+def scp_measured(src: str, dst: str, site: str, scratch: Path,
+                 ab: ColdAB) -> tuple[float, CpuReport]:
+    """The two scp hops, as scp_hops, each with the CPU of every host counted."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    ssh(dst, "rm -rf /tmp/scp-dst && mkdir -p /tmp/scp-dst")
+    hops = []
+    for argv in (["scp", "-q", "-r", *ssh_opts(), f"root@{src}:{site}/nvidia", str(scratch)],
+                 ["scp", "-q", "-r", *ssh_opts(), str(scratch / "nvidia"),
+                  f"root@{dst}:/tmp/scp-dst/"]):
+        proc, cpu = run_measured(argv, dict(os.environ), ab.namespaces, ab.masters)
+        if proc.returncode != 0:
+            raise SystemExit(f"scp: exit {proc.returncode}: {proc.stderr[-500:]}")
+        hops.append(cpu)
+    shutil.rmtree(scratch, ignore_errors=True)
+    ssh(dst, "rm -rf /tmp/scp-dst")
+    return sum(c.wall for c in hops), _added(hops)
+
+
+def _added(cpus: list[CpuReport]) -> CpuReport:
+    hosts: dict[str, float] = {}
+    programs: dict[str, dict[str, float]] = {}
+    for c in cpus:
+        for h, v in c.hosts.items():
+            hosts[h] = hosts.get(h, 0.0) + v
+        for h, p in c.programs.items():
+            mine = programs.setdefault(h, {})
+            for k, v in p.items():
+                mine[k] = mine.get(k, 0.0) + v
+    return CpuReport(sum(c.wall for c in cpus), hosts, programs, sum(c.machine for c in cpus))
+
+
+class ColdAB:
+    """Cold runs, one per compression mode in each round, with the CPU of every host."""
+
+    def __init__(self, modes: list[str], by: dict[str, str], base: list[str], blobs: Path,
+                 clone) -> None:
+        self.modes, self.by, self.base, self.blobs, self.clone = modes, by, base, blobs, clone
+        self.namespaces = lab_namespaces()
+        self.masters = tuple(by.values())
+        self.scp: list[tuple[float, CpuReport]] = []
+        self.runs: dict[str, list[tuple[float, CpuReport, dict]]] = {m: [] for m in modes}
+
+    def round(self, n: int, env: dict[str, str]) -> None:
+        order = self.modes[n % len(self.modes):] + self.modes[:n % len(self.modes)]
+        for mode in order:
+            shutil.rmtree(self.blobs, ignore_errors=True)
+            self.clone("ct200", "/root/bv-ab", env)
+            proc, cpu = run_measured([*self.base, "--to", "ct200:/root/bv-ab", "--compress",
+                                      mode], env, self.namespaces, self.masters)
+            if proc.returncode != 0:
+                raise SystemExit(f"cold --compress {mode}: exit {proc.returncode}: "
+                                 f"{proc.stderr[-1500:]}")
+            j = json.loads(proc.stdout)
+            dens = wait_gone(j.get("recompressing_cache", {}).get("pid"))
+            ssh(self.by["ct200"], "rm -rf /root/bv-ab")
+            self.runs[mode].append((cpu.wall, cpu, j))
+            choice = j.get("source_compression", {})
+            print(f"round {n + 1}: cold --compress {mode} {cpu.wall:.2f}s "
+                  f"(compressed: {choice.get('compress')}, {choice.get('reason')}); "
+                  f"stream {j.get('seconds', {}).get('transfer.stream')}s; {cpu.line()}; "
+                  f"recompression after it {dens:.1f}s", flush=True)
+            print(f"  programs: {json.dumps(cpu.as_dict()['programs'])}", flush=True)
+
+    def report(self, size: str, args: argparse.Namespace) -> None:
+        scp = statistics.median(w for w, _ in self.scp)
+        print(f"\ncold compression A/B; lane: {size} bytes; links {args.rate} each way; "
+              f"{args.rounds} rounds, medians:")
+        print(f"two scp -r hops: {scp:.2f}s; CPU-s per host (median): "
+              f"{_median_hosts([c for _, c in self.scp])}")
+        for mode, runs in self.runs.items():
+            wall = statistics.median(w for w, _, _ in runs)
+            ratio = wall / scp
+            verdict = "met" if ratio <= GOALS["cold"] else "NOT met"
+            print(f"cold --compress {mode + ':':7} {wall:.2f}s  ratio {ratio:.2f} (goal <= "
+                  f"{GOALS['cold']}, {verdict}); CPU-s per host (median): "
+                  f"{_median_hosts([c for _, c, _ in runs])}")
+            mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+            print(f"  stages of the median run: {json.dumps(mid[2].get('seconds', {}))}")
+            print(f"  its choice: {json.dumps(mid[2].get('source_compression'))}")
+            print(f"  its CPU by program: {json.dumps(mid[1].as_dict()['programs'])}")
+
+
+def _median_hosts(cpus: list[CpuReport]) -> str:
+    keys = sorted({h for c in cpus for h in c.hosts})
+    parts = [f"{h} {statistics.median(c.hosts.get(h, 0.0) for c in cpus):.1f}" for h in keys]
+    rest = statistics.median(c.machine - sum(c.hosts.values()) for c in cpus)
+    machine = statistics.median(c.machine for c in cpus)
+    return ", ".join(parts) + f", rest {rest:.1f}, machine {machine:.1f}"
 
 
 def overlay_round(base: list[str], by: dict[str, str], fleet_hosts: list[str], blobs: Path,
