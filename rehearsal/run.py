@@ -227,6 +227,23 @@ class Rehearsal:
             ("payload_status", ["payload", "status", "localhost", "--json"]),
         ])
 
+    def graphs_check(self) -> None:
+        """The deployed payload's round graphs against its eager round (rehearsal/graphs_check)."""
+        env = dict(os.environ)
+        env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
+        (WORK / "home").mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([str(VENV / "bin" / "python"), "-m", "rehearsal.graphs_check"],
+                              capture_output=True, text=True, cwd=REPO, env=env, check=False,
+                              timeout=max(30.0, min(240.0, self.left() - 60)))
+        (self.logs / "graphs-check.err").write_text(done.stderr[-200_000:])
+        try:
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            out = {"ok": False, "error": f"exit {done.returncode}, no JSON",
+                   "stderr": done.stderr[-1500:]}
+        self.result["checks"]["round-graphs"] = out
+        self.save(logs=False)
+
     def rollback_commands(self, hosts: Path) -> None:
         v = str(VENV)
         self.tool(hosts, [
@@ -326,6 +343,9 @@ def _greedy_ready(port: int, pid: int, deadline: float) -> str:
     return "deadline"
 
 
+EAGER_ROUND = (("SGLANG_DDTREE_ROUND_GRAPHS", "0"),)  # the payload's round graphs off
+
+
 def _servers(phase: str) -> list[Any]:
     from rehearsal.servers import Server
 
@@ -363,11 +383,10 @@ def _servers(phase: str) -> list[Any]:
             Server("dflash-dummy", dummy, "dflash", dummy=True, tool_probe=False),
             Server("ddtree15-dummy", dummy, "ddtree", 15, 8, dummy=True),
             Server("ddtree31-dummy", dummy, "ddtree", 31, 8, dummy=True),
-            # The same payload with the tree mask's offsets copied without blocking (an A/B of
-            # one change: rehearsal/faults/sitecustomize.py, variant mask-pinned).
-            Server("ddtree15-ladder-pinned", lad, "ddtree", 15, 8, fault="mask-pinned"),
-            Server("ddtree15-dummy-pinned", dummy, "ddtree", 15, 8, dummy=True,
-                   fault="mask-pinned"),
+            # The same payload with its round graphs off (an A/B of one change, payload 0.2.2:
+            # the plan and walk eager, as in 0.2.1).
+            Server("ddtree15-ladder-eager", lad, "ddtree", 15, 8, env=EAGER_ROUND),
+            Server("ddtree15-dummy-eager", dummy, "ddtree", 15, 8, dummy=True, env=EAGER_ROUND),
         ]
     # The tool renders --speculative-num-draft-tokens from each drafter's config.json (8 for the
     # designs, 16 for the dummy drafter; run 3's units show both).
@@ -476,9 +495,9 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
         r.step("profile", lambda: _profiles(r, port), need=60)
 
     # dummy weights first: there DFLASH and DDTREE 15/8 verify the same width (16)
-    for group in (("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree15-dummy-pinned",
+    for group in (("nospec-dummy", "dflash-dummy", "ddtree15-dummy", "ddtree15-dummy-eager",
                    "ddtree31-dummy"),
-                  ("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree15-ladder-pinned",
+                  ("nospec-ladder", "dflash-ladder", "ddtree15-ladder", "ddtree15-ladder-eager",
                    "ddtree31-ladder")):
         live = [(s.name, s.port) for s in servers if s.name in group and r.healthy(s.name)]
         if live and r.left() > 60:
@@ -488,7 +507,7 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
             r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
 
 
-PROFILED = (("dflash-dummy", True), ("ddtree15-dummy", True), ("ddtree15-dummy-pinned", False),
+PROFILED = (("dflash-dummy", True), ("ddtree15-dummy", True), ("ddtree15-dummy-eager", False),
             ("dflash-ladder", False), ("ddtree15-ladder", False), ("nospec-dummy", False))
 
 
@@ -719,8 +738,13 @@ def main(argv: list[str] | None = None) -> int:
             order = tuple(k for k in a.bench_runs.split(",") if k)
             r.step("bench", lambda: bench(r, order, resume=a.bench_resume), need=120)
         else:  # servers take longer to start than the prewarm has left to run
-            r.step("servers", lambda: r.start_servers(
-                servers, warm=a.warm, meanwhile=lambda: r.facts_commands(hosts)), need=150)
+            def meanwhile() -> None:  # while the servers start
+                r.facts_commands(hosts)
+                if a.phase in ("correctness", "perf"):
+                    r.step("round graphs", r.graphs_check, need=60)
+
+            r.step("servers", lambda: r.start_servers(servers, warm=a.warm,
+                                                      meanwhile=meanwhile), need=150)
             r.step("prewarm", lambda: r.prewarm_done(warm))
         if a.phase == "correctness":
             correctness(r, servers)

@@ -49,6 +49,7 @@ class Server:
     cuda_graph: bool = True
     backend: str | None = "triton"  # None: name no backend (the payload picks triton)
     fault: str | None = None  # REHEARSAL_FAULT for rehearsal/faults/sitecustomize.py
+    env: tuple[tuple[str, str], ...] = ()  # more of the unit's Environment= (a payload switch)
     port: int = 0
     # SGLang sizes the KV pool as (free memory - (1 - fraction) x total): with several servers
     # on one GPU a small fraction leaves nothing for those started later, so the fraction is
@@ -71,7 +72,7 @@ class Server:
             "grammar_backend": "none", "mem_fraction_static": self.mem_fraction,
             "context_length": self.context_length, "cuda_graph": self.cuda_graph,
             "sampling_backend": "pytorch",
-            "environment": dict(SERVER_ENV),
+            "environment": {**SERVER_ENV, **dict(self.env)},
             "extra_args": ["--load-format", "dummy" if self.dummy else "auto",
                            *COMMON_ARGS, *self.extra],
         }  # fmt: skip

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rehearsal import checks, result  # noqa: E402
+from rehearsal import checks, result, run  # noqa: E402
 from rehearsal.designs import expected, get_design  # noqa: E402
 from rehearsal.servers import Server, hosts_file  # noqa: E402
 
@@ -34,6 +34,9 @@ gen = torch.Generator().manual_seed(3)
 two = torch.rand((2, 4, 4), generator=gen) < 0.5
 both = ddtree_verify.tree_custom_mask(two, torch.tensor([2, 5]), 4 * (2 + 4) + 4 * (5 + 4))
 sys.stderr.write("FLAT " + "".join("1" if v else "0" for v in both.tolist()) + "\n")
+index = ddtree_verify.custom_mask_index(torch.tensor([2, 5]), 4)  # what the plan graph passes
+placed = ddtree_verify.tree_custom_mask(two, torch.tensor([2, 5]), 60, index=index)
+sys.stderr.write("PLACED " + "".join("1" if v else "0" for v in placed.tolist()) + "\n")
 logits = torch.tensor([[0.0, 3.0, 0.0]] * 400)
 ones = torch.ones(400)
 s = ddtree_sampling.sample_tokens(logits, ones * 4.0, torch.full((400,), 3), ones,
@@ -56,11 +59,12 @@ def _package(tmp: Path) -> Path:
     return pkg
 
 
-def _flat(stderr: str) -> str:
-    return next(line[5:] for line in stderr.splitlines() if line.startswith("FLAT "))
+def _flat(stderr: str, tag: str = "FLAT") -> str:
+    return next(line[len(tag) + 1:] for line in stderr.splitlines()
+                if line.startswith(tag + " "))
 
 
-def _run(pkg: Path, fault: str | None) -> tuple[int, float, str]:
+def _run(pkg: Path, fault: str | None) -> tuple[int, float, str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if fault:
         env["REHEARSAL_FAULT"] = fault
@@ -70,24 +74,24 @@ def _run(pkg: Path, fault: str | None) -> tuple[int, float, str]:
     allowed, share = done.stdout.split()
     if fault:
         assert f"REHEARSAL FAULT ACTIVE: {fault}" in done.stderr
-    return int(allowed), float(share), _flat(done.stderr)
+    return int(allowed), float(share), _flat(done.stderr), _flat(done.stderr, "PLACED")
 
 
 def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) -> None:
     pkg = _package(tmp_path)
-    clean_allowed, clean_share, clean_flat = _run(pkg, None)
+    clean_allowed, clean_share, clean_flat, clean_placed = _run(pkg, None)
+    assert clean_placed == clean_flat  # the device index places the mask where offsets do
     assert clean_allowed == 3  # three slots that each see only themselves
     assert 0.4 < clean_share < 0.75  # token 1 at temperature 4: e^0.75 / (e^0.75 + 2) = 0.51
     assert len(clean_flat) == 4 * 6 + 4 * 9 and clean_flat[:2] == "11"  # prefix columns open
-    mask_allowed, _, mask_flat = _run(pkg, "mask")
+    mask_allowed, _, mask_flat, mask_placed = _run(pkg, "mask")
     assert mask_allowed == 5  # slot i also sees slot i + 1
     assert mask_flat != clean_flat
-    _, greedy_share, _ = _run(pkg, "greedy-follow")
+    assert mask_placed == mask_flat  # the fault holds when the plan graph passes the index too
+    _, greedy_share, _, _ = _run(pkg, "greedy-follow")
     assert greedy_share == 1.0
-    _, hot_share, _ = _run(pkg, "hot")
+    _, hot_share, _, _ = _run(pkg, "hot")
     assert hot_share > 0.8  # temperature 1: e^3 / (e^3 + 2) = 0.91
-    # a variant, not a fault: the same mask bit for bit (two requests, prefixes 2 and 5)
-    assert _run(pkg, "mask-pinned") == (clean_allowed, clean_share, clean_flat)
 
 
 def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:
@@ -102,6 +106,10 @@ def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:
     assert dep.ddtree is not None and (dep.ddtree.budget, dep.ddtree.topk) == (15, 8)
     assert dep.environment["HF_HUB_OFFLINE"] == "1"
     assert dep.extra_args[-2:] == ["--speculative-num-draft-tokens", "8"]
+    eager = Server("e", "/m", "ddtree", 15, 8, port=31004, env=run.EAGER_ROUND)
+    environment = load_config(hosts_file(eager, "/v", tmp_path)).deployment("e").environment
+    assert environment["SGLANG_DDTREE_ROUND_GRAPHS"] == "0"
+    assert environment["HF_HUB_OFFLINE"] == "1"
     nobackend = Server("d", "/m", "ddtree", 15, 8, backend=None, port=31003)
     assert load_config(hosts_file(nobackend, "/v", tmp_path)).deployment("d").attention_backend \
         is None

@@ -9,11 +9,8 @@ function as soon as its module is loaded, before any other module imports it by 
 * ``greedy-follow``: sampled requests follow the target's argmax (the payload before 0.2.0).
 * ``hot``: the sampler ignores the request's temperature (a biased sampler).
 
-And one variant that is not a fault, for an A/B of the same payload on the GPU:
-
-* ``mask-pinned``: the tree mask's row offsets go to the GPU from pinned memory without
-  blocking (payload 0.2.1 copies them from pageable memory, which waits for the GPU to finish
-  the draft pass before the host may go on preparing the verify).
+(An A/B of the payload itself, e.g. its round graphs off, is a server environment variable:
+``rehearsal/run.py`` EAGER_ROUND.)
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ _MODULES = {
     "mask": "sglang.srt.speculative.ddtree_verify",
     "greedy-follow": "sglang.srt.speculative.ddtree_sampling",
     "hot": "sglang.srt.speculative.ddtree_sampling",
-    "mask-pinned": "sglang.srt.speculative.ddtree_verify",
 }
 
 
@@ -36,12 +32,12 @@ def _patch(module):  # type: ignore[no-untyped-def]
     if FAULT == "mask":
         original = module.tree_custom_mask
 
-        def tree_custom_mask(mask, prefix_lens, total):  # type: ignore[no-untyped-def]
+        def tree_custom_mask(mask, prefix_lens, total, index=None):  # type: ignore[no-untyped-def]
             shifted = mask.clone()
             n = mask.shape[1]
             rows = [i for i in range(n - 1)]
             shifted[:, rows, [i + 1 for i in rows]] = True
-            return original(shifted, prefix_lens, total)
+            return original(shifted, prefix_lens, total, index)
 
         module.tree_custom_mask = tree_custom_mask
     elif FAULT == "greedy-follow":
@@ -57,28 +53,6 @@ def _patch(module):  # type: ignore[no-untyped-def]
             return original_sample(logits, temperatures * 0 + 1, top_ks, top_ps, min_ps, **kw)
 
         module.sample_tokens = sample_tokens
-    elif FAULT == "mask-pinned":
-        import torch
-
-        def tree_custom_mask(mask, prefix_lens, total):  # type: ignore[no-untyped-def]
-            bs, n, _ = mask.shape
-            dev = mask.device
-            offsets: list[int] = []
-            start = 0
-            for length in prefix_lens.tolist():
-                row_len = int(length) + n
-                offsets.extend(start + int(length) + i * row_len for i in range(n))
-                start += n * row_len
-            host = torch.tensor(offsets, dtype=torch.long)
-            if dev.type == "cuda":
-                host = host.pin_memory()
-            rows = host.to(dev, non_blocking=True).view(bs, n, 1)
-            index = rows + torch.arange(n, device=dev).view(1, 1, n)
-            flat = torch.ones(total, dtype=torch.bool, device=dev)
-            flat.scatter_(0, index.reshape(-1), mask.reshape(-1))
-            return flat
-
-        module.tree_custom_mask = tree_custom_mask
     sys.stderr.write(f"REHEARSAL FAULT ACTIVE: {FAULT} in {module.__name__} (pid {os.getpid()})\n")
 
 

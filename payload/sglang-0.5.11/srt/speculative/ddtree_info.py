@@ -16,7 +16,7 @@ order computed from them (no device-side masks or sorts).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -26,9 +26,10 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.speculative.ddtree_sampling import sample_tokens
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.ddtree_verify import (
+    RoundResult,
     TreeRound,
     block_order,
-    finish_round,
+    finish_and_pack,
     tree_custom_mask,
 )
 from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func
@@ -39,14 +40,27 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     """A DFlash verify input whose block is a DDTree (or the chain, in shadow-linear mode)."""
 
     tree_round: Optional[TreeRound] = None
+    # ``custom_mask_index`` of the committed lengths, computed with the plan (on the device).
+    mask_index: Optional[torch.Tensor] = None
+    # The walk (``finish_and_pack``), or the worker's graph-replayed version of it.
+    finisher: Optional[Callable[[TreeRound, torch.Tensor], Tuple[RoundResult, torch.Tensor]]] = None
 
     @classmethod
-    def from_round(cls, plan: TreeRound) -> "DDTreeVerifyInput":
+    def from_round(
+        cls,
+        plan: TreeRound,
+        mask_index: Optional[torch.Tensor] = None,
+        finisher: Optional[
+            Callable[[TreeRound, torch.Tensor], Tuple[RoundResult, torch.Tensor]]
+        ] = None,
+    ) -> "DDTreeVerifyInput":
         return cls(
             draft_token=plan.inputs.input_ids.reshape(-1),
             positions=plan.inputs.positions.reshape(-1),
             draft_token_num=plan.width,
             tree_round=plan,
+            mask_index=mask_index,
+            finisher=finisher,
         )
 
     def prepare_for_verify(
@@ -62,7 +76,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         n = self.draft_token_num
         lens = batch.seq_lens_cpu  # host lengths only
         total = (int(lens.sum()) + n * int(lens.shape[0])) * n
-        self.custom_mask = tree_custom_mask(self.tree_round.inputs.mask, lens, total)
+        self.custom_mask = tree_custom_mask(
+            self.tree_round.inputs.mask, lens, total, index=self.mask_index
+        )
 
     def _apply_penalties(self, batch: ScheduleBatch, logits: torch.Tensor, bs: int) -> None:
         info = batch.sampling_info
@@ -113,14 +129,12 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         device = logits.device
         self._apply_penalties(batch, logits, bs)
         target = self._target_tokens(batch, logits, bs)
-        result = finish_round(self.tree_round, target)
+        result, packed_dev = (self.finisher or finish_and_pack)(self.tree_round, target)
 
         steps = result.new_tokens.shape[1]
         # The one device-to-host copy: per request the new tokens, the accepted path's slots and
         # the accept count; everything after it on the host reads these lists.
-        packed = torch.cat(
-            [result.new_tokens, result.keep_slots, result.walk.num_accepted.unsqueeze(1)], 1
-        ).cpu().tolist()
+        packed = packed_dev.cpu().tolist()
         commit_cpu: List[int] = []
         accepted_cpu: List[int] = []
         verified: List[int] = []

@@ -6,8 +6,10 @@ where the full tree is still built and scored), compiles the verify inputs, take
 token after every slot, walks the tree and says which verify-block slots to keep, in path order.
 
 Everything here is batched torch with shapes fixed by (batch, budget, depths, top-k); nothing
-reads device values on the host (``block_order`` and ``tree_custom_mask`` take host-side lists
-and lengths). Imports: torch and the DDTree core only.
+reads device values on the host (``block_order`` takes host-side lists; ``custom_mask_index``
+places the tree's mask in SGLang's flattened layout from the device's lengths), so a round's
+plan and its walk can be replayed from CUDA graphs (``ddtree_graphs``). Imports: torch and the
+DDTree core only.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ def finish_round(plan: TreeRound, target_tokens: Tensor) -> RoundResult:
     return RoundResult(walk=walk, keep_slots=walk.path, new_tokens=walk.new_tokens)
 
 
+def finish_and_pack(plan: TreeRound, target_tokens: Tensor) -> tuple[RoundResult, Tensor]:
+    """:func:`finish_round`, and what the host reads of it as one ``[bs, 2 (D + 1) + 1]`` tensor:
+    per request the new tokens, the accepted path's slots, then the accept count."""
+    result = finish_round(plan, target_tokens)
+    packed = torch.cat(
+        [result.new_tokens, result.keep_slots, result.walk.num_accepted.unsqueeze(1)], 1
+    )
+    return result, packed
+
+
 def verify_round(
     draft_logits: Tensor,
     root_tokens: Tensor,
@@ -195,22 +207,44 @@ def block_order(paths: list[list[int]], commit_lens: list[int], width: int) -> l
     return kept + freed
 
 
-def tree_custom_mask(mask: Tensor, prefix_lens: Tensor, total: int) -> Tensor:
+def custom_mask_index(prefix_lens: Tensor, n: int) -> Tensor:
+    """``[bs * n * n]`` int64: where tree cell (request b, row i, column j) sits in SGLang's
+    flattened verify mask (per request, n rows of the committed prefix then the n tree slots).
+
+    ``prefix_lens [bs]`` are the committed lengths on the mask's device; no host read, so this
+    can run inside the round's plan graph.
+    """
+    lens = prefix_lens.to(torch.long)
+    row_len = lens + n
+    cells = row_len * n
+    start = torch.cumsum(cells, 0) - cells  # first cell of request b
+    i = torch.arange(n, device=lens.device)
+    rows = (start + lens).unsqueeze(1) + i.unsqueeze(0) * row_len.unsqueeze(1)  # [bs, n]
+    return (rows.unsqueeze(2) + i.view(1, 1, n)).reshape(-1)
+
+
+def tree_custom_mask(
+    mask: Tensor, prefix_lens: Tensor, total: int, index: Tensor | None = None
+) -> Tensor:
     """SGLang's flattened verify mask for a tree: per request, rows = the N tree slots, columns =
     the committed prefix then the N tree slots; True = may attend. ``total`` is
-    ``sum(N * (prefix_len + N))``; ``prefix_lens`` are host-side lengths (``seq_lens_cpu``: they
-    are read on the host, and the row offsets go to the device in one copy).
+    ``sum(N * (prefix_len + N))`` (known on the host). ``index`` is :func:`custom_mask_index`
+    of the lengths where the caller has it (the round's plan graph computes it on the device);
+    without it the row offsets are computed here from ``prefix_lens``, host-side lengths
+    (``seq_lens_cpu``), and go to the device in one copy: fewer kernels than the device index
+    when nothing is replayed from a graph.
     """
     bs, n, _ = mask.shape
     dev = mask.device
-    offsets: list[int] = []  # flat index of (request b, row i, tree column 0)
-    start = 0
-    for length in prefix_lens.tolist():
-        row_len = int(length) + n
-        offsets.extend(start + int(length) + i * row_len for i in range(n))
-        start += n * row_len
-    rows = torch.tensor(offsets, dtype=torch.long, device=dev).view(bs, n, 1)
-    index = rows + torch.arange(n, device=dev).view(1, 1, n)
+    if index is None:
+        offsets: list[int] = []  # flat index of (request b, row i, tree column 0)
+        start = 0
+        for length in prefix_lens.tolist():
+            row_len = int(length) + n
+            offsets.extend(start + int(length) + i * row_len for i in range(n))
+            start += n * row_len
+        rows = torch.tensor(offsets, dtype=torch.long, device=dev).view(bs, n, 1)
+        index = (rows + torch.arange(n, device=dev).view(1, 1, n)).reshape(-1)
     flat = torch.ones(total, dtype=torch.bool, device=dev)
-    flat.scatter_(0, index.reshape(-1), mask.reshape(-1))
+    flat.scatter_(0, index, mask.reshape(-1))
     return flat

@@ -6,6 +6,12 @@ per-depth top-k of the drafter's distribution goes through the DDTree core (``dd
 the target verifies the resulting tree (full-tree mode) or the chain with the tree scored beside it
 (shadow-linear mode). ``dflash_worker.py`` calls :meth:`DDTreeWorker.ddtree_prepare_verify` through
 a three-line hook; see ``ddtree_args`` for the server flags and constraints.
+
+The round's fixed-shape work is replayed from CUDA graphs, one per batch size (``ddtree_graphs``):
+the plan (the drafter's head and top-k, build, compile and the mask's placement) and the walk.
+Eager instead where SGLang's CUDA graphs are off (``--disable-cuda-graph``), with tensor
+parallelism (the top-k's all-gathers), above ``--cuda-graph-max-bs``, or with
+``SGLANG_DDTREE_ROUND_GRAPHS=0``; the results are the same either way.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -23,8 +29,15 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.ddtree_args import DEFAULT_BUDGET, ddtree_draft_block_size
 from sglang.srt.speculative.ddtree_core import draft_topk
+from sglang.srt.speculative.ddtree_graphs import GraphCache
 from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
-from sglang.srt.speculative.ddtree_verify import TreeRound, plan_round
+from sglang.srt.speculative.ddtree_verify import (
+    RoundResult,
+    TreeRound,
+    custom_mask_index,
+    finish_and_pack,
+    plan_round,
+)
 from sglang.srt.speculative.ddtree_vocab import row_chunks, topk_logprobs
 from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
 from sglang.srt.speculative.dflash_worker import DFlashWorker
@@ -53,6 +66,7 @@ class DDTreeWorker(DFlashWorker):
         self._rounds = 0
         self._tree_expected: Optional[torch.Tensor] = None
         self._chain_expected: Optional[torch.Tensor] = None
+        self._plan_graphs, self._walk_graphs = self._round_graphs(server_args)
         backend = self.target_worker.model_runner.attn_backend
         if not self.ddtree_shadow_linear and hasattr(
             backend, "update_mamba_state_after_mtp_verify"
@@ -63,12 +77,60 @@ class DDTreeWorker(DFlashWorker):
             )
         if self.tp_rank == 0:
             logger.info(
-                "DDTREE ready: budget=%d topk=%d block=%d mode=%s",
+                "DDTREE ready: budget=%d topk=%d block=%d mode=%s round_graphs=%s",
                 self.ddtree_budget,
                 self.ddtree_topk,
                 self.block_size,
                 "shadow-linear" if self.ddtree_shadow_linear else "full-tree",
+                "on" if self._plan_graphs.enabled else "off",
             )
+
+    def _round_graphs(self, server_args: ServerArgs) -> Tuple[GraphCache, GraphCache]:
+        """Graph caches for the round's plan and walk, keyed by batch size (module docstring)."""
+        max_bs = int(getattr(server_args, "cuda_graph_max_bs", 0) or 0)
+        enabled = (
+            not bool(getattr(server_args, "disable_cuda_graph", False))
+            and int(get_tp_group().world_size) == 1
+            and max_bs > 0
+            and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS", "1") not in ("", "0")
+        )
+        def off(why: str) -> None:
+            logger.warning("DDTREE round graphs off (%s): the round runs eagerly.", why)
+
+        def small(bs: Any) -> bool:  # each batch size's graph keeps its buffers
+            return int(bs) <= max_bs
+
+        return (
+            GraphCache(self._plan, enabled=enabled, max_entries=max_bs, on_fail=off,
+                       capture_if=small),
+            GraphCache(finish_and_pack, enabled=enabled, max_entries=max_bs, on_fail=off,
+                       capture_if=small),
+        )
+
+    def _plan(
+        self, hidden: torch.Tensor, roots: torch.Tensor, starts: torch.Tensor, lm_head: Any
+    ) -> Tuple[TreeRound, Optional[torch.Tensor]]:
+        """The round's plan and where its mask goes in SGLang's flattened mask (no host reads)."""
+        top_logprobs, top_tokens = self._draft_topk(hidden, lm_head)
+        plan = plan_round(
+            top_logprobs,
+            top_tokens,
+            roots,
+            starts,
+            budget=self.ddtree_budget,
+            shadow_linear=self.ddtree_shadow_linear,
+            score_chain=self.ddtree_score_chain,
+        )
+        # The mask's placement: free inside a graph; eager, the host computes it (ddtree_info).
+        index = custom_mask_index(starts, plan.width) if self._plan_graphs.enabled else None
+        return plan, index
+
+    def _finish(self, plan: TreeRound, target: torch.Tensor) -> Tuple[RoundResult, torch.Tensor]:
+        """The walk, from the graph of this batch size where the plan came from one."""
+        bs = int(target.shape[0])
+        if self._plan_graphs.holds(bs, plan):
+            return self._walk_graphs(bs, plan, target)
+        return finish_and_pack(plan, target)
 
     def _draft_topk(self, hidden: torch.Tensor, lm_head: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-depth top-k log-probs of the drafter over the (vocab-parallel) target head.
@@ -127,17 +189,11 @@ class DDTreeWorker(DFlashWorker):
         lm_head: Any,
     ) -> None:
         """Called by DFlash's draft step after the draft pass: plan the tree, stage the verify."""
-        top_logprobs, top_tokens = self._draft_topk(draft_hidden[:, 1:, :], lm_head)
-        plan = plan_round(
-            top_logprobs,
-            top_tokens,
-            block_ids[:, 0],
-            batch.seq_lens,
-            budget=self.ddtree_budget,
-            shadow_linear=self.ddtree_shadow_linear,
-            score_chain=self.ddtree_score_chain,
+        bs = int(block_ids.shape[0])
+        plan, mask_index = self._plan_graphs(
+            bs, draft_hidden[:, 1:, :], block_ids[:, 0], batch.seq_lens, lm_head
         )
-        verify_input = DDTreeVerifyInput.from_round(plan)
+        verify_input = DDTreeVerifyInput.from_round(plan, mask_index, self._finish)
         _, build_custom_mask = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
         if not build_custom_mask and not self.ddtree_shadow_linear:
             raise RuntimeError(

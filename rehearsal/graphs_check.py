@@ -1,0 +1,153 @@
+"""On the GPU host: the deployed payload's round graphs against its eager round, on real CUDA.
+
+    python -m rehearsal.graphs_check          # prints one JSON object
+
+Run with the serving venv's python after ``payload deploy`` (it imports the payload's modules
+from the patched sglang package, as the server does). For each size (vocabulary, hidden width,
+budget, top-k) and batch size, the worker's plan (the drafter's head matmul, the vocabulary
+top-k, build, compile, the mask's placement) and walk are run eagerly and through
+``ddtree_graphs.GraphCache`` on the same random inputs, round after round; every output must be
+equal. It also times both: host microseconds per call (the Python and launch cost the graph
+removes) and GPU microseconds per call (CUDA events).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import types
+from typing import Any
+
+SIZES = ((32000, 1024, 15, 8), (151936, 4096, 15, 8), (151936, 4096, 31, 8))
+BATCHES = (1, 8, 32)
+DEPTHS = 15
+
+
+def _leaves(x: Any) -> list[Any]:
+    import dataclasses
+
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _leaves(v)]
+    if dataclasses.is_dataclass(x):
+        return [t for f in dataclasses.fields(x) for t in _leaves(getattr(x, f.name))]
+    return []
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    la, lb = _leaves(a), _leaves(b)
+    return len(la) == len(lb) and all(torch.equal(x, y) for x, y in zip(la, lb, strict=True))
+
+
+def _host_us(call: Any, reps: int = 30) -> float:
+    import torch
+
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)  # launch and Python only: no wait for the GPU
+    torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
+def _gpu_us(call: Any, reps: int = 30) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        out.append(1000 * start.elapsed_time(end))
+    return statistics.median(out)
+
+
+def _one_size(vocab: int, width: int, budget: int, k: int, gen: Any) -> list[dict[str, Any]]:
+    import torch
+    from sglang.srt.speculative import ddtree_verify as v
+    from sglang.srt.speculative.ddtree_core import draft_topk
+    from sglang.srt.speculative.ddtree_graphs import GraphCache
+
+    head = types.SimpleNamespace(w=torch.randn(vocab, width, device="cuda", dtype=torch.bfloat16,
+                                               generator=gen) * 0.05)
+
+    def plan(hidden: Any, roots: Any, starts: Any, lm: Any) -> Any:  # the worker's _plan
+        bs, depths, h = hidden.shape
+        logits = torch.matmul(hidden.reshape(bs * depths, h), lm.w.T).view(bs, depths, -1)
+        lp, tok = draft_topk(logits, k)
+        p = v.plan_round(lp, tok, roots, starts, budget=budget, score_chain=False)
+        return p, v.custom_mask_index(starts, p.width)
+
+    plans, walks = GraphCache(plan), GraphCache(v.finish_and_pack)
+    rows: list[dict[str, Any]] = []
+    for bs in BATCHES:
+        equal = True
+        for _ in range(4):
+            hidden = torch.randn(bs, DEPTHS, width, device="cuda", dtype=torch.bfloat16,
+                                 generator=gen)
+            roots = torch.randint(0, vocab, (bs,), device="cuda", generator=gen)
+            starts = torch.randint(1, 3000, (bs,), device="cuda", generator=gen)
+            got, want = plans(bs, hidden, roots, starts, head), plan(hidden, roots, starts, head)
+            equal &= _same(got, want)
+            target = torch.randint(0, vocab, tuple(want[0].tree.tokens.shape), device="cuda",
+                                   generator=gen)
+            equal &= _same(walks(bs, got[0], target), v.finish_and_pack(want[0], target))
+        inputs = (hidden, roots, starts, head)
+
+        def eager(inputs: Any = inputs, target: Any = target) -> None:
+            v.finish_and_pack(plan(*inputs)[0], target)
+
+        def graphed(inputs: Any = inputs, target: Any = target, bs: int = bs) -> None:
+            walks(bs, plans(bs, *inputs)[0], target)
+
+        rows.append({"vocab": vocab, "hidden": width, "budget": budget, "topk": k, "bs": bs,
+                     "equal": bool(equal),
+                     "host_us_eager": round(_host_us(eager), 1),
+                     "host_us_graph": round(_host_us(graphed), 1),
+                     "gpu_us_eager": round(_gpu_us(eager), 1),
+                     "gpu_us_graph": round(_gpu_us(graphed), 1)})
+    rows[-1]["failed"] = plans.failed or walks.failed
+    rows[-1]["counts"] = {"plan": dict(plans.counts), "walk": dict(walks.counts)}
+    return rows
+
+
+def check() -> dict[str, Any]:
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows: list[dict[str, Any]] = []
+    for size in SIZES:
+        rows += _one_size(*size, gen)
+        torch.cuda.empty_cache()
+    counted = [r["counts"] for r in rows if "counts" in r]
+    captured = all(c[w]["captured"] == len(BATCHES) for c in counted for w in ("plan", "walk"))
+    return {"ok": captured and all(r["equal"] for r in rows)
+            and not any(r.get("failed") for r in rows),
+            "device": torch.cuda.get_device_name(), "rows": rows}
+
+
+def main() -> int:
+    try:
+        out = check()
+    except Exception as exc:  # reported in the rehearsal's JSON, not as a traceback only
+        import traceback
+
+        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+               "trace": traceback.format_exc()[-3000:]}
+    print(json.dumps(out))
+    return 0 if out.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
