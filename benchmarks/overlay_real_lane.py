@@ -270,7 +270,8 @@ def _added(cpus: list[CpuReport]) -> CpuReport:
             mine = programs.setdefault(h, {})
             for k, v in p.items():
                 mine[k] = mine.get(k, 0.0) + v
-    return CpuReport(sum(c.wall for c in cpus), hosts, programs, sum(c.machine for c in cpus))
+    return CpuReport(sum(c.wall for c in cpus), hosts, programs, sum(c.machine for c in cpus),
+                     sum(c.irq for c in cpus))
 
 
 class ColdAB:
@@ -328,8 +329,9 @@ def _median_hosts(cpus: list[CpuReport]) -> str:
     keys = sorted({h for c in cpus for h in c.hosts})
     parts = [f"{h} {statistics.median(c.hosts.get(h, 0.0) for c in cpus):.1f}" for h in keys]
     rest = statistics.median(c.machine - sum(c.hosts.values()) for c in cpus)
+    irq = statistics.median(c.irq for c in cpus)
     machine = statistics.median(c.machine for c in cpus)
-    return ", ".join(parts) + f", rest {rest:.1f}, machine {machine:.1f}"
+    return ", ".join(parts) + f", rest {rest:.1f} (irq+softirq {irq:.1f}), machine {machine:.1f}"
 
 
 def overlay_round(base: list[str], by: dict[str, str], fleet_hosts: list[str], blobs: Path,
