@@ -90,6 +90,20 @@ def test_the_compress_option_reaches_the_streams_choice(tmp_path: Path, mode: st
 
 
 @pytest.mark.integration
+def test_auto_measures_and_says_what_compressing_would_cost(tmp_path: Path) -> None:
+    if shutil.which("zstd") is None:
+        pytest.skip("zstd is needed for the source's sample")
+    argv, env, site = _setup(tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)  # no --compress: auto
+    assert proc.returncode == 0, proc.stderr
+    choice = json.loads(proc.stdout)["source_compression"]
+    assert choice["reason"] != "--compress auto" and choice["ratio"] > 1
+    assert choice["cpu_s_per_gb"] > 0 and choice["spare_cores"] >= 1
+    assert (site / "demo_lib" / "libdemo.so").stat().st_size == 3 << 20
+
+
+@pytest.mark.integration
 def test_a_bad_compress_value_is_a_usage_error(tmp_path: Path) -> None:
     argv, env, site = _setup(tmp_path)
     proc = subprocess.run([*argv, "--compress", "sometimes"], env=env, capture_output=True,

@@ -7,7 +7,9 @@ Over LocalTransport (the "hosts" are folders of this machine) and one real loopb
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -122,6 +124,58 @@ def test_choice_flips_between_compressible_and_incompressible_data() -> None:
     assert wire.choose(link, t_ratio, t_speed).compress
     # the same compressible data over a link faster than the compressor: not worth it
     assert not wire.choose(t_speed * 10, t_ratio, t_speed).compress
+
+
+# Run E (benchmarks/RESULTS.md): the cold stream's auto choice in the lab, all hosts on the same
+# 2 cores (load 2-5): the source's sample, the link probe, and the CPU the stream's own zstd
+# (8.46 CPU-s) and the target's zstd -d (2.81 CPU-s) took for the lane's 1.2486 GB.
+LANE = 1.2486e9
+RUN_E = {"link_bps": 23.9e6, "ratio": 1.559, "speed_bps": 123.4e6}
+RUN_E_CPU = {"compress_cpu": 8.46 / LANE, "decompress_cpu": 2.81 / LANE}
+
+
+def test_choice_flips_with_the_cores_the_ends_can_spare() -> None:
+    busy = wire.Cpus(**RUN_E_CPU, spare_source=wire.spare_cores(2, 3.1),
+                     spare_here=wire.spare_cores(2, 3.1))
+    idle = wire.Cpus(**RUN_E_CPU, spare_source=wire.spare_cores(16, 0.2),
+                     spare_here=wire.spare_cores(8, 0.4))
+    assert busy.spare_source == 1.0 and idle.spare_source > 10
+    # the old rule (CPU taken as free) compressed, and the plain stream was faster
+    assert wire.choose(**RUN_E).compress
+    no = wire.choose(**RUN_E, cpus=busy)
+    assert not no.compress and "CPU-s per GB" in no.reason and no.spare_cores == 1.0
+    yes = wire.choose(**RUN_E, cpus=idle)
+    assert yes.compress and yes.cpu_s_per_gb is not None and yes.cpu_s_per_gb < 1.0
+    # a link twice as fast: even idle ends do not make 1.56x worth it; a slow one: busy ends do
+    assert not wire.choose(**{**RUN_E, "link_bps": 2 * RUN_E["speed_bps"]}, cpus=idle).compress
+    assert wire.choose(**{**RUN_E, "link_bps": 8e6}, cpus=busy).compress
+
+
+def test_choice_on_busy_ends_still_flips_between_compressible_and_random_data() -> None:
+    rng = random.Random(4)
+    random_data = [rng.randbytes(2 * MiB) for _ in range(4)]
+    text_data = [(b"cuda kernel %d " % i) * 150_000 for i in range(4)]
+    link = 20e6  # 160 Mbit/s
+    for data, shrinks in ((text_data, True), (random_data, False)):
+        ratio, speed = wire.measure_local(data)
+        # busy ends, and decompressing taken as dear as compressing: text still pays
+        cpus = wire.Cpus(1 / speed, 1 / speed, spare_source=1.0, spare_here=1.0)
+        assert wire.choose(link, ratio, speed, cpus).compress is shrinks
+
+
+@pytest.mark.parametrize("compressible", [True, False])
+def test_the_source_sample_measures_ratio_cpu_and_cores(tmp_path: Path,
+                                                        compressible: bool) -> None:
+    if shutil.which("zstd") is None:
+        pytest.skip("zstd is needed on the source")
+    sp, files = _venv(tmp_path / "src", compressible=compressible)
+    sample = wire.measure_source(LocalTransport(host="src"), PY, str(sp),
+                                 [(e.path, e.size) for e in files], flags="-1 --long=27")
+    assert sample.zstd and sample.cpus == os.cpu_count()
+    assert (sample.ratio > 5) if compressible else (sample.ratio < 1.05)
+    assert sample.compress_cpu > 0 and sample.decompress_cpu >= 0 and sample.load >= 0
+    cpus = sample.cpus_with(2, 0.5)
+    assert cpus.spare_here == 1.0 and cpus.spare_source >= 1.0
 
 
 @pytest.mark.parametrize("compressible", [True, False])

@@ -36,6 +36,7 @@ from ddtree_deploy.overlay.blobcache import CHUNK, BlobCache
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.overlay.transfer import (
+    ZSTD_FLAGS,
     StagingState,
     TransferReport,
     check_received,
@@ -272,12 +273,13 @@ def _source_choice(source: Transport, site_packages: str, files: list[FileEntry]
                and not f.dest.state.zstd]
     if no_zstd:
         return wire.Choice(False, f"no zstd on {', '.join(no_zstd)}")
-    has, ratio, speed = wire.measure_source(source, python, site_packages,
-                                            [(e.path, e.size) for e in files], sudo=sudo)
-    if not has:
+    sample = wire.measure_source(source, python, site_packages,
+                                 [(e.path, e.size) for e in files], sudo=sudo, flags=ZSTD_FLAGS)
+    if not sample.zstd:
         return wire.Choice(False, f"no zstd on {source.host}")
     link = link_bps or wire.measure_link(source)
-    return wire.choose(link, ratio, speed)
+    here = sample.cpus_with(os.cpu_count() or 1, os.getloadavg()[0])
+    return wire.choose(link, sample.ratio, sample.speed_bps, here)
 
 
 def _cache_choice(d: Destination, need: list[FileEntry], cache: BlobCache, compress: str,

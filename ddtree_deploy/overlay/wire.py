@@ -9,13 +9,24 @@ measured:
 - the link: bytes per second into `cat >/dev/null` on the far host (a few MiB of
   random bytes, minus the time of an empty send: the round trip);
 - the ratio and the compressor's speed, on a sample of the data itself: on the
-  source with its `zstd -1 -T0` (remote/overlay_sample.py; the source compresses its
-  stream), or here with
-  zstandard (the workstation compresses what it sends from its cache).
+  source with its `zstd -T0` and the stream's flags (remote/overlay_sample.py; the source
+  compresses its stream), or here with
+  zstandard (the workstation compresses what it sends from its cache);
+- for the source's stream, what compressing costs in CPU (`Cpus`): the CPU seconds per
+  byte of the source's zstd and of one `zstd -d` on the same sample (the workstation's
+  reader and each target decompress it), and the cores each end has to spare (its CPUs,
+  less its load average, less one for the stream's own work there: ssh, the tar, the
+  hashing and the cache; at least one).
 
 `choose` compares the time per byte: plain 1/link, compressed max(1/speed,
-1/(ratio*link)); compressed only when that is at least 10% faster. A stream from the
-cache sends its frames as stored (transfer.py): its ratio is theirs, its speed unbounded.
+1/(ratio*link) + cpu) where cpu is the compressing and decompressing, each divided by the
+spare cores of its end: on busy hosts (the lab: every host on the same 2 cores, load
+above 1) it adds to the stream's time, on idle many-core hosts it all but vanishes.
+Compressed only when that is at least 10% faster. Run E (benchmarks/RESULTS.md) measured
+why: under load the plain stream ran faster than the compressed one that the old rule
+(max(1/speed, 1/(ratio*link)), the CPU taken as free) chose. A stream from the cache
+sends its frames as stored (transfer.py): its ratio is theirs, its speed unbounded, and
+no CPU is counted (nothing is compressed for it; the target's `zstd -d` is cheap).
 """
 
 from __future__ import annotations
@@ -49,18 +60,51 @@ class Choice:
     link_bps: float | None = None
     ratio: float | None = None
     speed_bps: float | None = None
+    cpu_s_per_gb: float | None = None  # compressing's CPU per GB of payload, over spare cores
+    spare_cores: float | None = None  # the fewer of the two ends'
 
     def as_dict(self) -> dict[str, object]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def choose(link_bps: float, ratio: float, speed_bps: float) -> Choice:
-    """Compress when max(1/speed, 1/(ratio*link)) <= GAIN/link (bytes of payload per second)."""
+@dataclass(frozen=True)
+class Cpus:
+    """What compressing the source's stream costs in CPU, and the cores there are to pay it."""
+
+    compress_cpu: float  # CPU seconds per payload byte: the source's zstd
+    decompress_cpu: float  # CPU seconds per payload byte: one `zstd -d`
+    spare_source: float  # cores: spare_cores(cpus, load) on the source
+    spare_here: float  # ... and on the workstation
+
+    def per_byte(self) -> float:
+        """CPU time per payload byte, each end's over its spare cores: the source compresses,
+        the workstation's reader decompresses, each target decompresses (a target's spare
+        cores are not measured: taken as the source's)."""
+        return (self.compress_cpu / self.spare_source + self.decompress_cpu / self.spare_here
+                + self.decompress_cpu / self.spare_source)
+
+
+def spare_cores(cpus: int, load: float) -> float:
+    """Cores a stream's compression can have: the CPUs less the load less one for the stream's
+    own work on that host, at least one (the compression then shares it: its time adds)."""
+    return max(1.0, cpus - load - 1.0)
+
+
+def choose(link_bps: float, ratio: float, speed_bps: float, cpus: Cpus | None = None) -> Choice:
+    """Compress when max(1/speed, 1/(ratio*link) + cpu) <= GAIN/link, per byte of payload."""
     plain = 1.0 / max(link_bps, 1.0)
-    packed = max(1.0 / max(speed_bps, 1.0), 1.0 / max(ratio * link_bps, 1.0))
+    link_packed = 1.0 / max(ratio * link_bps, 1.0)
+    cpu = cpus.per_byte() if cpus is not None else 0.0
+    packed = max(1.0 / max(speed_bps, 1.0), link_packed + cpu)
     ok = packed <= GAIN * plain
+    spare = min(cpus.spare_source, cpus.spare_here) if cpus is not None else None
+    extra = {"cpu_s_per_gb": cpu * 1e9, "spare_cores": spare} if cpus is not None else {}
     if ratio < 1.0 / GAIN:
         why = f"the data shrinks only {ratio:.2f}x"
+    elif not ok and 1.0 / max(speed_bps, 1.0) <= GAIN * plain:
+        why = (f"{ratio:.2f}x smaller saves less of the link's {link_bps / 1e6:.0f} MB/s than "
+               f"compressing and decompressing cost ({cpu * 1e9:.1f} CPU-s per GB over "
+               f"{spare:.1f} spare cores)")
     elif not ok:
         why = (f"the compressor ({speed_bps / 1e6:.0f} MB/s) is slower than the link "
                f"({link_bps / 1e6:.0f} MB/s) can use it")
@@ -69,8 +113,10 @@ def choose(link_bps: float, ratio: float, speed_bps: float) -> Choice:
                f"{link_bps / 1e6:.0f} MB/s")
     else:
         why = (f"{ratio:.2f}x smaller at {speed_bps / 1e6:.0f} MB/s beats the link's "
-               f"{link_bps / 1e6:.0f} MB/s")
-    return Choice(ok, why, link_bps, ratio, None if math.isinf(speed_bps) else speed_bps)
+               f"{link_bps / 1e6:.0f} MB/s" + (f", with {cpu * 1e9:.1f} CPU-s per GB over "
+                                                f"{spare:.1f} spare cores" if cpus else ""))
+    return Choice(ok, why, link_bps, ratio, None if math.isinf(speed_bps) else speed_bps,
+                  **extra)
 
 
 def measure_link(t: Transport, nbytes: int = LINK_PROBE) -> float:
@@ -96,16 +142,36 @@ def measure_local(samples: Iterable[bytes]) -> tuple[float, float]:
     return len(data) / max(len(out), 1), len(data) / took
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The source's zstd on a sample of the lane's own data."""
+
+    zstd: bool
+    ratio: float = 1.0
+    speed_bps: float = math.inf  # input bytes per second, wall (zstd -T0)
+    compress_cpu: float = 0.0  # CPU seconds per input byte
+    decompress_cpu: float = 0.0
+    cpus: int = 1
+    load: float = 0.0
+
+    def cpus_with(self, cpus_here: int, load_here: float) -> Cpus:
+        return Cpus(self.compress_cpu, self.decompress_cpu,
+                    spare_cores(self.cpus, self.load), spare_cores(cpus_here, load_here))
+
+
 def measure_source(t: Transport, python: str, site_packages: str,
                    files: list[tuple[str, int]], *, sudo: bool = False,
-                   budget: int = SAMPLE_BYTES) -> tuple[bool, float, float]:
-    """(has zstd, ratio, input bytes per second) of `zstd -1 -T0` on the source's own data."""
+                   budget: int = SAMPLE_BYTES, flags: str = "-1") -> Sample:
+    """`zstd -T0 FLAGS` (the stream's) on the source's own data: ratio, speed, CPU, cores."""
     listing = json.dumps(files).encode()
-    data = run_json(t, text("overlay_sample.py"), (site_packages, str(budget)), python=python,
-                    stdin=listing, sudo=sudo, timeout=120,
+    data = run_json(t, text("overlay_sample.py"), (site_packages, str(budget), flags),
+                    python=python, stdin=listing, sudo=sudo, timeout=120,
                     what="measuring compression on the source")
     n = int(data.get("bytes", 0))
     if not data.get("zstd") or n == 0:
-        return bool(data.get("zstd")), 1.0, float("inf")
-    ratio = n / max(int(data.get("compressed", n)), 1)
-    return True, ratio, n / max(float(data.get("seconds", 0.0)), 1e-6)
+        return Sample(bool(data.get("zstd")))
+    return Sample(True, n / max(int(data.get("compressed", n)), 1),
+                  n / max(float(data.get("seconds", 0.0)), 1e-6),
+                  float(data.get("cpu_seconds", 0.0)) / n,
+                  float(data.get("decompress_cpu_seconds", 0.0)) / n,
+                  max(int(data.get("cpus", 1)), 1), float(data.get("load", 0.0)))

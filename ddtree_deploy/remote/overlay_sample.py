@@ -1,17 +1,22 @@
 """On an overlay's source: how well `zstd -1 -T0` compresses the lane's own data, and how fast.
 
-    python -c "$(this file)" SITE_PACKAGES SAMPLE_BYTES   < [[path, size], ...]
+    python -c "$(this file)" SITE_PACKAGES SAMPLE_BYTES [ZSTD_FLAGS]   < [[path, size], ...]
 
 Reads a sample (a slice from the middle of each of the eight largest files, paths relative to
-site-packages) and times zstd over it, less the time of starting zstd. Prints {"zstd": bool,
-"bytes": n, "compressed": m, "seconds": s} ("bytes": 0 without zstd or files). Sent as it is
-(not bundled): Python >= 3.8 syntax, stdlib only.
+site-packages) and times zstd over it (`zstd -T0 ZSTD_FLAGS`, the stream's own: default -1),
+less the time of starting zstd. Prints {"zstd": bool,
+"bytes": n, "compressed": m, "seconds": s, "cpu_seconds": c, "decompress_cpu_seconds": d,
+"cpus": k, "load": l} ("bytes": 0 without zstd or files): c and d are the CPU time (user and
+system, less a start's) of `zstd` compressing the sample and of `zstd -d` restoring it, k and l
+this host's CPUs and load average over the last minute. Sent as it is (not bundled):
+Python >= 3.8 syntax, stdlib only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -34,15 +39,30 @@ def main(argv: list[str]) -> int:
         except OSError:
             pass
     data = b"".join(parts)
-    cmd = ["zstd", "-q", "-1", "-T0", "-c"]
+    flags = argv[2].split() if len(argv) > 2 and argv[2].strip() else ["-1"]
+    cmd = ["zstd", "-q", *flags, "-T0", "-c"]
+    c0 = _children_cpu()
     t0 = time.monotonic()
     subprocess.run(cmd, input=b"", stdout=subprocess.PIPE)  # the cost of starting it
     t1 = time.monotonic()
+    c1 = _children_cpu()
     proc = subprocess.run(cmd, input=data, stdout=subprocess.PIPE)
     took = max((time.monotonic() - t1) - (t1 - t0), 1e-6)
+    c2 = _children_cpu()
+    subprocess.run(["zstd", "-q", "-d", "-c", *[f for f in flags if f.startswith("--long")]],
+                   input=proc.stdout, stdout=subprocess.DEVNULL)
+    c3 = _children_cpu()
+    start = c1 - c0
     print(json.dumps({"zstd": True, "bytes": len(data), "compressed": len(proc.stdout),
-                      "seconds": took}))
+                      "seconds": took, "cpu_seconds": max(c2 - c1 - start, 0.0),
+                      "decompress_cpu_seconds": max(c3 - c2 - start, 0.0),
+                      "cpus": os.cpu_count() or 1, "load": os.getloadavg()[0]}))
     return 0
+
+
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 if __name__ == "__main__":
