@@ -166,7 +166,7 @@ class _Sampler:
         if p.comm == "ssh" and any(a.endswith("[mux]") for a in _cmdline(pid)) \
                 and _talks_to(pid, _tcp_peers(self.masters)):
             return WORKSTATION
-        if p.ppid in self.command:  # in the command's rusage once it has waited for it
+        if pid in self.command or p.ppid in self.command:  # in its rusage once waited for
             self.command.add(pid)
             return COMMAND
         return OTHER
