@@ -531,6 +531,9 @@ def ddtree_self(mods: Any, s: Sizes) -> Any:
     me.model_runner = types.SimpleNamespace(attn_backend=TritonAttnBackend())
     for name, value in (("_rounds", 0), ("_tree_expected", None), ("_chain_expected", None)):
         setattr(me, name, value)
+    # The eager round (0.2.2 replays it from CUDA graphs on a GPU; this counts what a graph holds)
+    me._plan_graphs, me._walk_graphs = me._round_graphs(
+        types.SimpleNamespace(cuda_graph_max_bs=0, disable_cuda_graph=True))
     return me
 
 
