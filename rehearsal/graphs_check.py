@@ -4,11 +4,12 @@
 
 Run with the serving venv's python after ``payload deploy`` (it imports the payload's modules
 from the patched sglang package, as the server does). For each size (vocabulary, hidden width,
-budget, top-k) and batch size, the worker's plan (the drafter's head matmul, the vocabulary
-top-k, build, compile, the mask's placement) and walk are run eagerly and through
-``ddtree_graphs.GraphCache`` on the same random inputs, round after round; every output must be
-equal. It also times both: host microseconds per call (the Python and launch cost the graph
-removes) and GPU microseconds per call (CUDA events).
+budget, top-k, shadow-linear) and batch size, the deployed ``DDTreeWorker``'s own ``_plan`` (the
+drafter's head, the vocabulary top-k in row chunks, build, compile, the mask's placement) and
+``_finish`` (the walk) run eagerly and from the worker's own graph caches (``_round_graphs``) on
+the same random inputs, round after round; every output must be equal. It also times both:
+host microseconds per call (the Python and launch cost the graph removes) and GPU microseconds
+per call (CUDA events). It runs while the servers start, so its timings share the host.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 import types
 from typing import Any
 
-SIZES = ((32000, 1024, 15, 8), (151936, 4096, 15, 8), (151936, 4096, 31, 8))
+SIZES = ((32000, 1024, 15, 8, False), (32000, 1024, 15, 8, True), (151936, 4096, 15, 8, False),
+         (151936, 4096, 31, 32, False))  # vocabulary, hidden, budget, top-k, shadow-linear
 BATCHES = (1, 8, 32)
 DEPTHS = 15
 
@@ -73,23 +75,30 @@ def _gpu_us(call: Any, reps: int = 30) -> float:
     return statistics.median(out)
 
 
-def _one_size(vocab: int, width: int, budget: int, k: int, gen: Any) -> list[dict[str, Any]]:
+def _worker(budget: int, k: int, shadow: bool) -> Any:
+    """The deployed ``DDTreeWorker``'s round methods on an object holding what a round reads
+    (no model, no process group: TP 1)."""
+    import sglang.srt.speculative.ddtree_worker as mod
+
+    mod.get_tp_group = lambda: types.SimpleNamespace(world_size=1)
+    w = object.__new__(mod.DDTreeWorker)
+    w.__dict__.update(ddtree_budget=budget, ddtree_topk=k, ddtree_shadow_linear=shadow,
+                      ddtree_score_chain=shadow)
+    w._plan_graphs, w._walk_graphs = w._round_graphs(types.SimpleNamespace(
+        cuda_graph_max_bs=max(BATCHES), disable_cuda_graph=False, max_running_requests=None))
+    return w
+
+
+def _one_size(vocab: int, width: int, budget: int, k: int, shadow: bool,
+              gen: Any) -> list[dict[str, Any]]:
     import torch
     from sglang.srt.speculative import ddtree_verify as v
-    from sglang.srt.speculative.ddtree_core import draft_topk
-    from sglang.srt.speculative.ddtree_graphs import GraphCache
 
-    head = types.SimpleNamespace(w=torch.randn(vocab, width, device="cuda", dtype=torch.bfloat16,
-                                               generator=gen) * 0.05)
-
-    def plan(hidden: Any, roots: Any, starts: Any, lm: Any) -> Any:  # the worker's _plan
-        bs, depths, h = hidden.shape
-        logits = torch.matmul(hidden.reshape(bs * depths, h), lm.w.T).view(bs, depths, -1)
-        lp, tok = draft_topk(logits, k)
-        p = v.plan_round(lp, tok, roots, starts, budget=budget, score_chain=False)
-        return p, v.custom_mask_index(starts, p.width)
-
-    plans, walks = GraphCache(plan), GraphCache(v.finish_and_pack)
+    head = types.SimpleNamespace(
+        weight=torch.randn(vocab, width, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.05,
+        shard_indices=types.SimpleNamespace(num_added_elements=0, num_org_elements=vocab,
+                                            org_vocab_start_index=0))
+    w = _worker(budget, k, shadow)
     rows: list[dict[str, Any]] = []
     for bs in BATCHES:
         equal = True
@@ -98,27 +107,30 @@ def _one_size(vocab: int, width: int, budget: int, k: int, gen: Any) -> list[dic
                                  generator=gen)
             roots = torch.randint(0, vocab, (bs,), device="cuda", generator=gen)
             starts = torch.randint(1, 3000, (bs,), device="cuda", generator=gen)
-            got, want = plans(bs, hidden, roots, starts, head), plan(hidden, roots, starts, head)
-            equal &= _same(got, want)
-            target = torch.randint(0, vocab, tuple(want[0].tree.tokens.shape), device="cuda",
+            (plan, index), (want, none) = (w._plan_graphs(bs, hidden, roots, starts, head),
+                                           w._plan(hidden, roots, starts, head))
+            equal &= _same(plan, want) and none is None and index is not None
+            equal &= bool(torch.equal(index, v.custom_mask_index(starts, want.width)))
+            target = torch.randint(0, vocab, tuple(want.tree.tokens.shape), device="cuda",
                                    generator=gen)
-            equal &= _same(walks(bs, got[0], target), v.finish_and_pack(want[0], target))
+            equal &= _same(w._finish(plan, target), v.finish_and_pack(want, target))
         inputs = (hidden, roots, starts, head)
 
         def eager(inputs: Any = inputs, target: Any = target) -> None:
-            v.finish_and_pack(plan(*inputs)[0], target)
+            v.finish_and_pack(w._plan(*inputs)[0], target)
 
         def graphed(inputs: Any = inputs, target: Any = target, bs: int = bs) -> None:
-            walks(bs, plans(bs, *inputs)[0], target)
+            w._finish(w._plan_graphs(bs, *inputs)[0], target)
 
-        rows.append({"vocab": vocab, "hidden": width, "budget": budget, "topk": k, "bs": bs,
-                     "equal": bool(equal),
+        rows.append({"vocab": vocab, "hidden": width, "budget": budget, "topk": k,
+                     "shadow_linear": shadow, "bs": bs, "equal": bool(equal),
                      "host_us_eager": round(_host_us(eager), 1),
                      "host_us_graph": round(_host_us(graphed), 1),
                      "gpu_us_eager": round(_gpu_us(eager), 1),
                      "gpu_us_graph": round(_gpu_us(graphed), 1)})
-    rows[-1]["failed"] = plans.failed or walks.failed
-    rows[-1]["counts"] = {"plan": dict(plans.counts), "walk": dict(walks.counts)}
+    rows[-1]["failed"] = w._plan_graphs.failed or w._walk_graphs.failed
+    rows[-1]["counts"] = {"plan": dict(w._plan_graphs.counts),
+                          "walk": dict(w._walk_graphs.counts)}
     return rows
 
 

@@ -2,8 +2,8 @@
 
 Per-round cost is ``e2e_latency / spec_verify_ct`` of one greedy request at batch 1 (median over
 rounds); tok/s is completion tokens over wall seconds, at batch 1 and at batch 8 (8 requests at
-once). Servers are measured one after another within a round and the rounds alternate, so a
-drift of the shared GPU hits every server alike.
+once). Servers are measured one after another within a round, in reverse order every other round,
+so a drift of the shared GPU (or host) hits every server alike.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def measure(servers: Sequence[tuple[str, int]], *, rounds: int = 3, tokens: int 
     for _name, port in servers:  # warm-up: CUDA graphs and kernels of every batch size
         for b in batches:
             _one(port, 32, b)
-    for _ in range(rounds):
-        for name, port in servers:
+    for i in range(rounds):  # the order reverses every other round (ABBA): no server is last
+        for name, port in (servers if i % 2 == 0 else list(reversed(servers))):
             for b in batches:
                 runs[name][b].append(_one(port, tokens, b))
     out: dict[str, Any] = {}

@@ -289,10 +289,11 @@ class Rehearsal:
                 "ready_s": run.healthy_s}
             self.save(logs=False)
 
-        for group in (servers[:warm], servers[warm:]):
+        groups = [g for g in (servers[:warm], servers[warm:]) if g]
+        for i, group in enumerate(groups or [[]]):
             with ThreadPoolExecutor(max_workers=len(group) + 1) as pool:
                 jobs = [pool.submit(launch, s) for s in group]
-                if meanwhile is not None and group is not servers[warm:]:
+                if meanwhile is not None and i == 0:  # once, beside the first group's start
                     jobs.append(pool.submit(meanwhile))
                 for job in jobs:
                     job.result()
@@ -506,6 +507,18 @@ def perf(r: Rehearsal, servers: list[Any]) -> None:
         else:
             r.result["not_run"].append({"step": f"perf {group}", "why": "no time or no server"})
 
+    def ddtree_lossless() -> None:  # the measured payload's answers, after its timings
+        mixed = checks.prompt_set(lad, 40, seed=1)
+        for s in servers:
+            if s.algorithm == "ddtree" and not s.dummy and r.healthy(s.name):
+                res = checks.lossless(s.port, lad, mixed, concurrency=40, algorithm="DDTREE",
+                                      budget=s.budget or 15, topk=s.topk or 8)
+                res.pop("outputs")
+                r.result["checks"][f"lossless/{s.name}"] = res
+        r.save(logs=False)
+
+    r.step("ddtree lossless", ddtree_lossless, need=30)
+
 
 PROFILED = (("dflash-dummy", True), ("ddtree15-dummy", True), ("ddtree15-dummy-eager", False),
             ("dflash-ladder", False), ("ddtree15-ladder", False), ("nospec-dummy", False))
@@ -679,6 +692,28 @@ def dflash_sampled(r: Rehearsal, server: Any) -> None:
     r.step("dflash sampled", go, need=20)
 
 
+def graph_use(logs: Path) -> dict[str, Any]:
+    """Per DDTREE server, from its log: whether its round graphs were on, the batch sizes whose
+    plan and walk graphs it captured, and the warning if they went off."""
+    out: dict[str, Any] = {}
+    for log in sorted(logs.glob("*.log")):
+        text = log.read_text(errors="replace")
+        if "DDTREE ready:" not in text:
+            continue
+        entry: dict[str, Any] = {"on": "round_graphs=on" in text, "plan": [], "walk": [],
+                                 "off": None}
+        for line in text.splitlines():
+            if "DDTREE round graph captured:" in line:
+                what, _, bs = line.split("captured:", 1)[1].strip().partition(" bs=")
+                if what in ("plan", "walk") and bs.strip().isdigit():
+                    entry[what].append(int(bs))
+            elif "DDTREE round graphs off" in line and entry["off"] is None:
+                entry["off"] = line.strip()[-300:]
+        entry["plan"], entry["walk"] = sorted(entry["plan"]), sorted(entry["walk"])
+        out[log.stem] = entry
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rehearsal.run")
     ap.add_argument("--carry", type=Path, required=True)
@@ -754,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
             dflash_sampled(r, servers[0])
     finally:
         r.stop_all()
+        r.result["checks"]["round-graphs/servers"] = graph_use(r.logs)
         r.save()
     if hosts is not None and a.phase != "dflash-sampled" and not a.keep_payload:
         r.step("payload rollback", lambda: r.rollback_commands(hosts))

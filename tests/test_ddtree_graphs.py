@@ -10,10 +10,12 @@ round commits, round after round. On a CUDA machine the real capture is checked 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +56,30 @@ def _copy_into(dst: Any, src: Any) -> None:
         assert dst == src
 
 
+HOST_READS = ("item", "tolist", "cpu", "__bool__", "__int__", "__float__")
+
+
+@contextlib.contextmanager
+def _no_host_reads() -> Iterator[None]:
+    """A graph cannot read device values on the host: here such a read raises."""
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def refuse(name: str) -> Any:
+        def read(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+            raise AssertionError(f"host read {name}() inside a captured function")
+        return read
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, fn)
+
+
 class Replay:
-    """A CPU stand-in for CUDA graph capture with a graph's buffer semantics."""
+    """A CPU stand-in for CUDA graph capture with a graph's buffer semantics (and no host
+    reads inside the captured function, as on CUDA)."""
 
     def __init__(self, fail: Exception | None = None) -> None:
         self.fail, self.captures = fail, 0
@@ -65,8 +89,14 @@ class Replay:
         if self.fail is not None:
             raise self.fail
         statics = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        outputs = fn(*statics)
-        return Captured(statics, outputs, lambda: _copy_into(outputs, fn(*statics)))
+        with _no_host_reads():
+            outputs = fn(*statics)
+
+        def replay() -> None:
+            with _no_host_reads():
+                fresh = fn(*statics)
+            _copy_into(outputs, fresh)
+        return Captured(statics, outputs, replay)
 
 
 def _cache(fn: Any, capturer: Any = None, **kw: Any) -> GraphCache:
@@ -229,21 +259,25 @@ def _draft(batch: Any, gen: torch.Generator, depths: int = 4) -> tuple[torch.Ten
 
 
 def _serve(w: Any, rounds: int) -> tuple[list[list[int]], list[list[int]]]:
-    kv: dict[int, tuple[int, int]] = {}
-    batch = _batch([harness.TRUE[:1], harness.TRUE[:2]], kv, _Alloc())
+    """Rounds of two batches in turn (2 requests, then 1: the cache switches keys)."""
     head = types.SimpleNamespace(weight=torch.eye(VOCAB), shard_indices=types.SimpleNamespace(
         num_added_elements=0, num_org_elements=VOCAB, org_vocab_start_index=0))
     gen = torch.Generator().manual_seed(21)
+    batches = []
+    for prompts in ([harness.TRUE[:1], harness.TRUE[:2]], [harness.TRUE[:3]]):
+        kv: dict[int, tuple[int, int]] = {}
+        batches.append((_batch(prompts, kv, _Alloc()), kv))
     accepted: list[list[int]] = []
     for _ in range(rounds):
-        batch.forward_mode = types.SimpleNamespace(is_idle=lambda: False)
-        block_ids, hidden = _draft(batch, gen)
-        w.ddtree_prepare_verify(batch, block_ids, hidden, head)
-        spec = batch.spec_info
-        *_, acc = spec.verify(batch=batch, logits_output=_target_forward(batch, spec, kv),
-                              page_size=1)
-        accepted.append(acc)
-    return [r.output_ids for r in batch.reqs], accepted
+        for batch, kv in batches:
+            batch.forward_mode = types.SimpleNamespace(is_idle=lambda: False)
+            block_ids, hidden = _draft(batch, gen)
+            w.ddtree_prepare_verify(batch, block_ids, hidden, head)
+            spec = batch.spec_info
+            *_, acc = spec.verify(batch=batch, logits_output=_target_forward(batch, spec, kv),
+                                  page_size=1)
+            accepted.append(acc)
+    return [r.output_ids for batch, _ in batches for r in batch.reqs], accepted
 
 
 def test_the_workers_graph_round_commits_what_its_eager_round_commits(
@@ -254,12 +288,12 @@ def test_the_workers_graph_round_commits_what_its_eager_round_commits(
     eager = _worker(sglang_path, monkeypatch, "0")
     assert not eager._plan_graphs.enabled and graphed._plan_graphs.enabled
     assert _serve(eager, 3) == (outputs, accepted)
-    for out, start in zip(outputs, (1, 2), strict=True):
+    for out, start in zip(outputs, (1, 2, 3), strict=True):
         assert out == harness.TRUE[start : start + len(out)]  # lossless: the target's text
     assert sum(map(sum, accepted)) >= 6  # the tree was accepted, not only bonus tokens
-    assert graphed._plan_graphs.counts == {"captured": 1, "replayed": 2, "eager": 0}
-    assert graphed._walk_graphs.counts == {"captured": 1, "replayed": 2, "eager": 0}
-    assert eager._plan_graphs.counts == {"captured": 0, "replayed": 0, "eager": 3}
+    assert graphed._plan_graphs.counts == {"captured": 2, "replayed": 4, "eager": 0}
+    assert graphed._walk_graphs.counts == {"captured": 2, "replayed": 4, "eager": 0}
+    assert eager._plan_graphs.counts == {"captured": 0, "replayed": 0, "eager": 6}
 
 
 def test_a_batch_above_the_graphs_limit_walks_eagerly(
@@ -268,11 +302,44 @@ def test_a_batch_above_the_graphs_limit_walks_eagerly(
     w = _worker(sglang_path, monkeypatch, "1")
     w._plan_graphs, w._walk_graphs = w._round_graphs(
         types.SimpleNamespace(cuda_graph_max_bs=1, disable_cuda_graph=False))
-    outputs, _ = _serve(w, 2)  # batch of 2 > 1
-    assert outputs[0] == harness.TRUE[1 : 1 + len(outputs[0])]
-    assert w._plan_graphs.counts["captured"] == 0 and w._walk_graphs.counts["captured"] == 0
+    outputs, _ = _serve(w, 2)  # the batch of 2 > 1 runs eagerly, the batch of 1 from graphs
+    for out, start in zip(outputs, (1, 2, 3), strict=True):
+        assert out == harness.TRUE[start : start + len(out)]
+    assert w._plan_graphs.counts == {"captured": 1, "replayed": 1, "eager": 2}
+    assert w._walk_graphs.counts == {"captured": 1, "replayed": 1, "eager": 0}  # eager: _finish
     off = w._round_graphs(types.SimpleNamespace(cuda_graph_max_bs=8, disable_cuda_graph=True))
     assert not off[0].enabled and not off[1].enabled
+
+
+def test_the_graphs_limit_is_the_least_of_the_servers_and_the_payloads(
+        sglang_path: Path, verify_mods: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    w = _worker(sglang_path, monkeypatch, "1")
+    args = types.SimpleNamespace(cuda_graph_max_bs=256, disable_cuda_graph=False,
+                                 max_running_requests=None)
+    for env, running, want in (("", None, 32), ("", 12, 12), ("64", None, 64), ("64", 40, 40),
+                               ("2", 40, 2)):
+        monkeypatch.setenv("SGLANG_DDTREE_ROUND_GRAPHS_MAX_BS", env)
+        args.max_running_requests = running
+        plans, _ = w._round_graphs(args)
+        assert plans.max_entries == want
+        assert plans._capture_if(want) and not plans._capture_if(want + 1)
+
+
+def test_a_failed_capture_turns_both_of_the_workers_caches_off(
+        sglang_path: Path, verify_mods: Any,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(harness, "TRUE", list(range(10, VOCAB)))
+    w = _worker(sglang_path, monkeypatch, "1")
+    outputs, _ = _serve(w, 1)  # both caches hold graphs now
+    assert w._walk_graphs.counts["captured"] == 2
+    w._plan_graphs._entries.clear()  # the next plan of a batch size captures again ...
+    w._plan_graphs._capturer = Replay(fail=RuntimeError("capture invalidated"))  # ... and fails
+    more, _ = _serve(w, 1)
+    assert not w._plan_graphs.enabled and not w._walk_graphs.enabled
+    assert w._walk_graphs._entries == {} and "capture invalidated" in str(w._walk_graphs.failed)
+    assert "DDTREE round graphs off (RuntimeError: capture invalidated)" in caplog.text
+    for out, start in zip(more, (1, 2, 3), strict=True):
+        assert out == harness.TRUE[start : start + len(out)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

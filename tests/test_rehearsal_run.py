@@ -220,3 +220,38 @@ def test_every_committed_gpu_run_validates_against_the_schema(path: Path) -> Non
     assert got.format == 1 and got.phase in ("correctness", "perf", "dflash-sampled", "bench")
     for name, server in got.servers.items():
         assert server.probe_exit is not None or server.healthy_by, name
+
+
+def test_graph_use_reads_which_batch_sizes_each_ddtree_server_captured(tmp_path: Path) -> None:
+    (tmp_path / "ddtree15-x.log").write_text(
+        "[t] DDTREE ready: budget=15 topk=8 block=8 mode=full-tree round_graphs=on\n"
+        "[t] DDTREE round graph captured: plan bs=8\n[t] DDTREE round graph captured: walk bs=8\n"
+        "[t] DDTREE round graph captured: plan bs=1\n[t] DDTREE round graph captured: walk bs=1\n")
+    (tmp_path / "ddtree15-y-eager.log").write_text(
+        "[t] DDTREE ready: budget=15 topk=8 block=8 mode=full-tree round_graphs=off\n")
+    (tmp_path / "ddtree15-z.log").write_text(
+        "[t] DDTREE ready: budget=15 topk=8 block=8 mode=full-tree round_graphs=on\n"
+        "[t] DDTREE round graph captured: plan bs=2\n"
+        "[t] WARNING DDTREE round graphs off (RuntimeError: boom): the round runs eagerly.\n")
+    (tmp_path / "nospec.log").write_text("[t] Uvicorn running\n")
+    got = run.graph_use(tmp_path)
+    assert set(got) == {"ddtree15-x", "ddtree15-y-eager", "ddtree15-z"}
+    assert got["ddtree15-x"] == {"on": True, "plan": [1, 8], "walk": [1, 8], "off": None}
+    assert got["ddtree15-y-eager"] == {"on": False, "plan": [], "walk": [], "off": None}
+    assert got["ddtree15-z"]["plan"] == [2] and "RuntimeError: boom" in got["ddtree15-z"]["off"]
+
+
+def test_perf_rounds_alternate_the_order_of_the_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rehearsal import perf
+
+    calls: list[int] = []
+
+    def one(port: int, tokens: int, batch: int) -> dict[str, Any]:
+        calls.append(port)
+        return {"tok_s": float(port), "errors": [], "round_ms": 1.0, "accept_length": 1.0,
+                "verify_ct": 1}
+
+    monkeypatch.setattr(perf, "_one", one)
+    out = perf.measure([("a", 1), ("b", 2)], rounds=3, tokens=8, batches=(1,))
+    assert calls == [1, 2] + [1, 2, 2, 1, 1, 2]  # warm-up, then A B, B A, A B
+    assert out["a"]["batch1"]["tok_s"] == [1.0, 1.0, 1.0]

@@ -17,14 +17,17 @@ The contract of a function given to :class:`GraphCache`:
   object gets an eager call.
 * It reads nothing from the host that changes between calls, allocates only what the call
   itself uses, and returns tensors or objects holding them.
-* Its results are the graph's own output buffers: the next replay of the same key overwrites
-  them. Use a round's results before the next call with that key (a speculative round is used up
-  before the next round's plan).
+* Its results are the graph's own output buffers, and the graphs of one cache share one memory
+  pool (what one graph frees inside its capture, a later capture may reuse, e.g. for its outputs):
+  the next replay of ANY key of the same cache may overwrite them. Use them before the next call
+  of the cache (a speculative round is used up before the next round's plan).
 
 Eager, with identical results, where a graph cannot run: tensors not on CUDA, caching disabled,
 a key ``capture_if`` refuses or more keys than ``max_entries``, a different bound object or other
 input shapes than the graph's, or after a capture failed (then for good, with the reason kept in
-:attr:`GraphCache.failed`).
+:attr:`GraphCache.failed`). A capture fails cleanly rather than half-way where it can: the warm-up
+runs with CUDA's sync debug mode set to error (a host read in ``fn`` raises there, before any
+capture), and a failed capture restores the caller's stream.
 """
 
 from __future__ import annotations
@@ -67,18 +70,32 @@ class CudaCapturer:
         statics = [a.clone() if isinstance(a, Tensor) else a for a in args]
         device = next(a.device for a in statics if isinstance(a, Tensor))
         with torch.cuda.device(device), torch.no_grad():
-            # Warm up off the current stream: Triton compiles, cuBLAS sets its workspace.
+            caller = torch.cuda.current_stream()
+            # Warm up off the current stream: Triton compiles, cuBLAS sets its workspace; a
+            # host read in fn raises here (sync debug mode), before anything is captured.
             side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup):
-                    fn(*statics)
-            torch.cuda.current_stream().wait_stream(side)
+            side.wait_stream(caller)
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.cuda.stream(side):
+                    for _ in range(self.warmup):
+                        fn(*statics)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+            caller.wait_stream(side)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                outputs = fn(*statics)
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    outputs = fn(*statics)
+            except BaseException:
+                # An invalidated capture can leave the capture stream current (its context
+                # exits after capture_end raises): the caller's stream back, the device idle.
+                torch.cuda.set_stream(caller)
+                torch.cuda.synchronize(device)
+                raise
         return Captured(statics, outputs, graph.replay)
 
 
@@ -100,6 +117,7 @@ class GraphCache:
         on_cuda: Callable[[Sequence[Any]], bool] = _on_cuda,
         on_fail: Callable[[str], None] | None = None,
         capture_if: Callable[[Hashable], bool] = lambda key: True,
+        on_capture: Callable[[Hashable], None] | None = None,
     ) -> None:
         self._fn = fn
         self._entries: dict[Hashable, Captured] = {}
@@ -107,6 +125,7 @@ class GraphCache:
         self._on_cuda = on_cuda
         self._on_fail = on_fail
         self._capture_if = capture_if
+        self._on_capture = on_capture
         self.enabled = enabled
         self.max_entries = max_entries
         self.failed: str | None = None
@@ -128,16 +147,22 @@ class GraphCache:
             entry = self._capturer.capture(self._fn, args)
             entry.replay()
         except Exception as exc:  # a graph is an optimisation: the eager call stays correct
-            self.failed = f"{type(exc).__name__}: {exc}"
-            self.enabled = False
-            self._entries.clear()
+            self.disable(f"{type(exc).__name__}: {exc}")
             if self._on_fail is not None:
-                self._on_fail(self.failed)
+                self._on_fail(self.failed or "")
             self.counts["eager"] += 1
             return self._fn(*args)
         self._entries[key] = entry
         self.counts["captured"] += 1
+        if self._on_capture is not None:
+            self._on_capture(key)
         return entry.outputs
+
+    def disable(self, why: str) -> None:
+        """Eager from now on, the graphs (and what they hold) dropped; ``why`` kept in failed."""
+        self.failed = self.failed or why
+        self.enabled = False
+        self._entries.clear()
 
     def holds(self, key: Hashable, obj: Any) -> bool:
         """Whether ``obj`` is (one of) the outputs of the graph captured for ``key``."""

@@ -8,10 +8,14 @@ the target verifies the resulting tree (full-tree mode) or the chain with the tr
 a three-line hook; see ``ddtree_args`` for the server flags and constraints.
 
 The round's fixed-shape work is replayed from CUDA graphs, one per batch size (``ddtree_graphs``):
-the plan (the drafter's head and top-k, build, compile and the mask's placement) and the walk.
-Eager instead where SGLang's CUDA graphs are off (``--disable-cuda-graph``), with tensor
-parallelism (the top-k's all-gathers), above ``--cuda-graph-max-bs``, or with
-``SGLANG_DDTREE_ROUND_GRAPHS=0``; the results are the same either way.
+the plan (the drafter's head and top-k, build, compile and the mask's placement) and the walk,
+captured the first time a batch size is seen. Eager instead where SGLang's CUDA graphs are off
+(``--disable-cuda-graph``), with tensor parallelism (the top-k's all-gathers), with
+``SGLANG_DDTREE_ROUND_GRAPHS=0``, and for batches larger than the least of
+``--cuda-graph-max-bs``, ``--max-running-requests`` and ``SGLANG_DDTREE_ROUND_GRAPHS_MAX_BS``
+(default 32: the host's launch cost matters at small batches, and each batch size's graph keeps
+its own input buffers, about ``bs x (block - 1) x hidden x 2`` bytes, 120 KiB a request at hidden
+4096). The results are the same either way.
 """
 
 from __future__ import annotations
@@ -87,25 +91,35 @@ class DDTreeWorker(DFlashWorker):
 
     def _round_graphs(self, server_args: ServerArgs) -> Tuple[GraphCache, GraphCache]:
         """Graph caches for the round's plan and walk, keyed by batch size (module docstring)."""
-        max_bs = int(getattr(server_args, "cuda_graph_max_bs", 0) or 0)
+        limits = [int(getattr(server_args, "cuda_graph_max_bs", 0) or 0),
+                  int(os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS_MAX_BS", "") or 32)]
+        running = getattr(server_args, "max_running_requests", None)
+        if running:
+            limits.append(int(running))
+        max_bs = max(0, min(limits))
         enabled = (
             not bool(getattr(server_args, "disable_cuda_graph", False))
             and int(get_tp_group().world_size) == 1
             and max_bs > 0
             and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS", "1") not in ("", "0")
         )
-        def off(why: str) -> None:
+        caches: list = []
+
+        def off(why: str) -> None:  # one failure turns both off (the walk reads the plan's)
+            for cache in caches:
+                cache.disable(why)
             logger.warning("DDTREE round graphs off (%s): the round runs eagerly.", why)
 
         def small(bs: Any) -> bool:  # each batch size's graph keeps its buffers
             return int(bs) <= max_bs
 
-        return (
-            GraphCache(self._plan, enabled=enabled, max_entries=max_bs, on_fail=off,
-                       capture_if=small),
-            GraphCache(finish_and_pack, enabled=enabled, max_entries=max_bs, on_fail=off,
-                       capture_if=small),
-        )
+        def captured(what: str) -> Any:
+            return lambda bs: logger.info("DDTREE round graph captured: %s bs=%s", what, bs)
+
+        for fn, what in ((self._plan, "plan"), (finish_and_pack, "walk")):
+            caches.append(GraphCache(fn, enabled=enabled, max_entries=max(1, max_bs),
+                                     on_fail=off, capture_if=small, on_capture=captured(what)))
+        return caches[0], caches[1]
 
     def _plan(
         self, hidden: torch.Tensor, roots: torch.Tensor, starts: torch.Tensor, lm_head: Any
@@ -122,7 +136,8 @@ class DDTreeWorker(DFlashWorker):
             score_chain=self.ddtree_score_chain,
         )
         # The mask's placement: free inside a graph; eager, the host computes it (ddtree_info).
-        index = custom_mask_index(starts, plan.width) if self._plan_graphs.enabled else None
+        capturing = starts.is_cuda and torch.cuda.is_current_stream_capturing()
+        index = custom_mask_index(starts, plan.width) if capturing else None
         return plan, index
 
     def _finish(self, plan: TreeRound, target: torch.Tensor) -> Tuple[RoundResult, torch.Tensor]:
