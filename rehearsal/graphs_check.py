@@ -27,7 +27,8 @@ BATCHES = (1, 8, 32)
 DEPTHS = 15
 
 
-def _leaves(x: Any) -> list[Any]:
+def tensor_leaves(x: Any) -> list[Any]:
+    """The tensors in ``x`` (tensors, tuples, lists and dataclasses of them), in order."""
     import dataclasses
 
     import torch
@@ -35,16 +36,17 @@ def _leaves(x: Any) -> list[Any]:
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (tuple, list)):
-        return [t for v in x for t in _leaves(v)]
+        return [t for v in x for t in tensor_leaves(v)]
     if dataclasses.is_dataclass(x):
-        return [t for f in dataclasses.fields(x) for t in _leaves(getattr(x, f.name))]
+        return [t for f in dataclasses.fields(x) for t in tensor_leaves(getattr(x, f.name))]
     return []
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_tensors(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` hold equal tensors in the same places."""
     import torch
 
-    la, lb = _leaves(a), _leaves(b)
+    la, lb = tensor_leaves(a), tensor_leaves(b)
     return len(la) == len(lb) and all(torch.equal(x, y) for x, y in zip(la, lb, strict=True))
 
 
@@ -109,11 +111,11 @@ def _one_size(vocab: int, width: int, budget: int, k: int, shadow: bool,
             starts = torch.randint(1, 3000, (bs,), device="cuda", generator=gen)
             (plan, index), (want, none) = (w._plan_graphs(bs, hidden, roots, starts, head),
                                            w._plan(hidden, roots, starts, head))
-            equal &= _same(plan, want) and none is None and index is not None
+            equal &= same_tensors(plan, want) and none is None and index is not None
             equal &= bool(torch.equal(index, v.custom_mask_index(starts, want.width)))
             target = torch.randint(0, vocab, tuple(want.tree.tokens.shape), device="cuda",
                                    generator=gen)
-            equal &= _same(w._finish(plan, target), v.finish_and_pack(want, target))
+            equal &= same_tensors(w._finish(plan, target), v.finish_and_pack(want, target))
         inputs = (hidden, roots, starts, head)
 
         def eager(inputs: Any = inputs, target: Any = target) -> None:

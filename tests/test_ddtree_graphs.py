@@ -23,6 +23,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "payload"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_payload_integration as harness
@@ -40,6 +41,8 @@ from test_payload_integration import (
     verify_mods,  # noqa: F401  (fixture)
 )
 from test_payload_runtime import _load_verify
+
+from rehearsal.graphs_check import same_tensors
 
 
 def _copy_into(dst: Any, src: Any) -> None:
@@ -116,21 +119,6 @@ def _inputs(gen: torch.Generator, bs: int) -> tuple[torch.Tensor, ...]:
             torch.randint(1, 30, (bs,), generator=gen))
 
 
-def _leaves(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for v in x for t in _leaves(v)]
-    if dataclasses.is_dataclass(x):
-        return [t for f in dataclasses.fields(x) for t in _leaves(getattr(x, f.name))]
-    return []
-
-
-def _equal(a: Any, b: Any) -> bool:
-    la, lb = _leaves(a), _leaves(b)
-    return len(la) == len(lb) and all(torch.equal(x, y) for x, y in zip(la, lb, strict=True))
-
-
 def test_replays_follow_new_inputs_into_the_graphs_own_buffers() -> None:
     verify = _load_verify()
     fn = _round_fn(verify)
@@ -141,7 +129,7 @@ def test_replays_follow_new_inputs_into_the_graphs_own_buffers() -> None:
         bs = (1, 3)[step % 2]
         args = _inputs(gen, bs)
         got = cache(bs, *args)
-        assert _equal(got, fn(*args))  # the same answer as an eager call, every time
+        assert same_tensors(got, fn(*args))  # the same answer as an eager call, every time
         if bs in first:
             assert got is first[bs]  # the graph's buffers, overwritten in place
         first[bs] = got
@@ -354,9 +342,9 @@ def test_cuda_graphs_replay_the_round_as_eager_runs_it() -> None:
         args = tuple(t.cuda() for t in _inputs(gen, bs))
         got = plan_cache(bs, *args)
         want = fn(*args)
-        assert _equal(got, want)
+        assert same_tensors(got, want)
         target = torch.randint(0, 40, tuple(want[0].tree.tokens.shape), generator=gen).cuda()
         assert plan_cache.holds(bs, got[0])
-        assert _equal(walk_cache(bs, got[0], target), verify.finish_and_pack(want[0], target))
+        assert same_tensors(walk_cache(bs, got[0], target), verify.finish_and_pack(want[0], target))
     assert plan_cache.failed is None and plan_cache.counts["captured"] == 2
     assert walk_cache.counts["replayed"] == 6
