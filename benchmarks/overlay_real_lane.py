@@ -22,7 +22,9 @@ goal, and the per-stage seconds of the median overlay runs (from `--json`).
 `--roots A B ...` compares checkouts of the tool side by side (e.g. a `git archive` of the
 commit before a change, and the working tree): in each round, after the scp hops, every
 overlay figure is taken for each root in turn (the CLI run with PYTHONPATH=root), and each
-root gets its own medians and ratios against the same scp.
+root gets its own medians and ratios against the same scp; with --cold-modes every mode
+runs for each root (`--cold-only`: only those). Each root has its own OpenSSH control
+folder, so none reuses a master (its cipher fixed at connect) another root started.
 `--host-zstd` copies the workstation's zstd binary (the lab's containers are the same
 Debian) into every lab host's /usr/local/bin first, as the real hosts have it; removed
 at the end.
@@ -33,7 +35,7 @@ CPU seconds of every lab host and of the workstation during each run and each sc
 (benchmarks/cpu_by_host.py, from /proc); `--cold-only` skips the other cases.
 
     flock /tmp/ddtree-lab-session.lock .venv/bin/python benchmarks/overlay_real_lane.py \
-        [--rounds 3] [--extra 2] [--host-zstd] [--roots /tmp/before /work/main] \
+        [--rounds 3] [--extra 2] [--host-zstd] [--roots /tmp/before /tmp/after] \
         [--cold-modes never,always,auto [--cold-only]]
 """
 
@@ -215,22 +217,22 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
         subprocess.run([CLI, "--hosts", str(hosts), "venv", "clone", host, "/root/venv", venv],
                        check=True, capture_output=True, env=env, timeout=600)
 
-    roots = [] if args.cold_only else args.roots or [""]
+    envs = root_envs(args.roots or [""], env, work)
+    roots = [] if args.cold_only else list(envs)
     rounds: dict[str, list[dict[str, float]]] = {r: [] for r in roots}
     stages: dict[str, dict[str, list[dict]]] = {
         r: {"cold": [], "warm": [], "unchanged": [], "fleet": []} for r in roots}
-    ab = ColdAB(args.modes, by, base, blobs, clone) if args.modes else None
+    ab = ColdAB(args.modes, by, base, blobs, clone, envs) if args.modes else None
     for n in range(args.rounds):
         if ab is not None:
             scp, cpu = scp_measured(by["ct129"], by["ct200"], site, work / "scp", ab)
             ab.scp.append((scp, cpu))
             print(f"round {n + 1}: scp {scp:.2f}s; {cpu.line()}", flush=True)
-            ab.round(n, env)
+            ab.round(n)
         else:
             scp = scp_hops(by["ct129"], by["ct200"], site, work / "scp")
         for root in roots:
-            renv = {**env, "PYTHONPATH": root} if root else env
-            row = {"scp": scp, **overlay_round(base, by, fleet_hosts, blobs, renv, clone,
+            row = {"scp": scp, **overlay_round(base, by, fleet_hosts, blobs, envs[root], clone,
                                                  stages[root], args.extra)}
             rounds[root].append(row)
             print(f"round {n + 1}{' ' + root if root else ''}: "
@@ -239,6 +241,23 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
         report(root, rounds[root], stages[root], size, args)
     if ab is not None:
         ab.report(size, args)
+    for renv in envs.values():  # the masters each checkout kept (ssh_persist)
+        subprocess.run([CLI, "--hosts", str(hosts), "hosts", "disconnect"], env=renv,
+                       capture_output=True, timeout=60, check=False)
+
+
+def root_envs(roots: list[str], env: dict[str, str], work: Path) -> dict[str, dict[str, str]]:
+    """Each checkout's environment: the CLI runs with PYTHONPATH=root, and with a
+    control folder of its own (XDG_RUNTIME_DIR), so that no checkout's command goes
+    through an OpenSSH master another checkout started (a master's options, its
+    cipher among them, are fixed when it connects)."""
+    envs = {}
+    for i, root in enumerate(roots):
+        runtime = work / f"r{i}"
+        runtime.mkdir(mode=0o700)
+        envs[root] = {**env, "XDG_RUNTIME_DIR": str(runtime), **({"PYTHONPATH": root}
+                                                                  if root else {})}
+    return envs
 
 
 def scp_measured(src: str, dst: str, site: str, scratch: Path,
@@ -278,16 +297,23 @@ class ColdAB:
     """Cold runs, one per compression mode in each round, with the CPU of every host."""
 
     def __init__(self, modes: list[str], by: dict[str, str], base: list[str], blobs: Path,
-                 clone) -> None:
+                 clone, envs: dict[str, dict[str, str]]) -> None:
         self.modes, self.by, self.base, self.blobs, self.clone = modes, by, base, blobs, clone
+        self.envs = envs  # each checkout's (root_envs): every mode runs for each
+        self.cases = [(m, r) for m in modes for r in envs]
         self.namespaces = lab_namespaces()
         self.masters = tuple(by.values())
         self.scp: list[tuple[float, CpuReport]] = []
-        self.runs: dict[str, list[tuple[float, CpuReport, dict]]] = {m: [] for m in modes}
+        self.runs: dict[str, list[tuple[float, CpuReport, dict]]] = {
+            self.label(m, r): [] for m, r in self.cases}
 
-    def round(self, n: int, env: dict[str, str]) -> None:
-        order = self.modes[n % len(self.modes):] + self.modes[:n % len(self.modes)]
-        for mode in order:
+    def label(self, mode: str, root: str) -> str:
+        return f"{mode} {root}" if len(self.envs) > 1 else mode
+
+    def round(self, n: int) -> None:
+        k = n % len(self.cases)
+        for mode, root in self.cases[k:] + self.cases[:k]:
+            env = self.envs[root]
             shutil.rmtree(self.blobs, ignore_errors=True)
             self.clone("ct200", "/root/bv-ab", env)
             proc, cpu = run_measured([*self.base, "--to", "ct200:/root/bv-ab", "--compress",
@@ -298,9 +324,9 @@ class ColdAB:
             j = json.loads(proc.stdout)
             dens = wait_gone(j.get("recompressing_cache", {}).get("pid"))
             ssh(self.by["ct200"], "rm -rf /root/bv-ab")
-            self.runs[mode].append((cpu.wall, cpu, j))
+            self.runs[self.label(mode, root)].append((cpu.wall, cpu, j))
             choice = j.get("source_compression", {})
-            print(f"round {n + 1}: cold --compress {mode} {cpu.wall:.2f}s "
+            print(f"round {n + 1}: cold --compress {self.label(mode, root)} {cpu.wall:.2f}s "
                   f"(compressed: {choice.get('compress')}, {choice.get('reason')}); "
                   f"stream {j.get('seconds', {}).get('transfer.stream')}s; {cpu.line()}; "
                   f"recompression after it {dens:.1f}s", flush=True)

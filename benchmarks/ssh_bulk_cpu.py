@@ -16,8 +16,11 @@ for each variant:
   private temporary folder: a master's cipher is fixed when it connects);
 - direct: the same options with `-S none -o ControlMaster=no`: the client connects itself
   (its key exchange and authentication are in the measured run, a few ms of CPU);
-- each with OpenSSH's default cipher (the one negotiated is printed), `-c
-  aes128-gcm@openssh.com` and `-c chacha20-poly1305@openssh.com`.
+- each with the tool's default cipher (the one negotiated is printed), `-c
+  aes128-gcm@openssh.com` and `-c chacha20-poly1305@openssh.com` (`-c` stands over the
+  transport's `-o Ciphers=`). "default" is the tool's own preference read from `_base`:
+  OpenSSH's default, chacha20-poly1305 first, in runs F1-F3; aes128-gcm first since the
+  transport's CIPHERS (RESULTS, overlay, run G), so it now measures what aes128-gcm does.
 
 CPU seconds from /proc (benchmarks/cpu_by_host.py's sampler): the local ssh client exactly
 (this process's children's rusage), the master exactly (alive at both ends of the run), the
