@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 def open_transport(config: Config, host: HostSpec | str, *, reuse: bool = False) -> ExecTransport:
     """A transport to `host` (connected lazily, on first use). Jump hosts chain.
 
-    reuse: for short reads (the facts probe): an OpenSSH master connection kept open
-    between runs (the host's ssh_persist seconds), where the host allows it: ssh_persist
+    reuse: for the facts probe and the overlay's bulk streams: an OpenSSH master connection kept
+    open between runs (the host's ssh_persist seconds), where the host allows it: ssh_persist
     above 0, no jump host, the OpenSSH client installed and a private folder for its control
     socket. Otherwise, and for everything else, one paramiko connection of its own.
     """
