@@ -81,7 +81,7 @@ def tool_argv(t: OpenSshTransport, control: Path | None, cipher: str | None,
               script: str) -> list[str]:
     """The argv the transport runs for a stream (openssh.py `_exec`), with its control socket
     at `control` (None: a direct connection) and the cipher, if any."""
-    base = list(t._base)
+    base = [*t._base, *t.cipher_options()]  # the tool's preference, as `_exec` adds it
     at = base.index("-S")
     base[at + 1] = str(control) if control is not None else "none"
     head = [base[0], *(["-c", cipher] if cipher else []), *base[1:]]

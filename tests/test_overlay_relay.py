@@ -171,7 +171,7 @@ def test_the_source_sample_measures_ratio_cpu_and_cores(tmp_path: Path,
     sp, files = _venv(tmp_path / "src", compressible=compressible)
     sample = wire.measure_source(LocalTransport(host="src"), PY, str(sp),
                                  [(e.path, e.size) for e in files], flags="-1 --long=27")
-    assert sample.zstd and sample.cpus == os.cpu_count()
+    assert sample.zstd and sample.cpus == len(os.sched_getaffinity(0))
     assert (sample.ratio > 5) if compressible else (sample.ratio < 1.05)
     assert sample.compress_cpu > 0 and sample.decompress_cpu >= 0 and sample.load >= 0
     cpus = sample.cpus_with(2, 0.5)
@@ -198,3 +198,37 @@ def test_cache_level_is_measured_per_blob() -> None:
     assert level_for(rng.randbytes(MiB), 1) == STORE_LEVEL
     assert level_for(b"abc" * 400_000, 1) == 1
     assert level_for(b"tiny", 1) == 1  # too short to measure: the cache's level
+
+
+def test_a_zstd_that_fails_on_the_streams_flags_counts_as_none(tmp_path: Path) -> None:
+    if shutil.which("zstd") is None:
+        pytest.skip("zstd is needed on the source")
+    sp, files = _venv(tmp_path / "src", compressible=True)
+    sample = wire.measure_source(LocalTransport(host="src"), PY, str(sp),
+                                 [(e.path, e.size) for e in files], flags="-1 --no-such-flag")
+    assert not sample.zstd and sample.ratio == 1.0  # not a huge ratio from an empty output
+    assert sample.why  # what zstd said
+
+
+def test_compress_always_is_not_honoured_for_a_target_without_zstd(tmp_path: Path) -> None:
+    from ddtree_deploy.overlay import relay as relay_mod
+    from ddtree_deploy.overlay.transfer import StagingState
+
+    sp, files = _venv(tmp_path / "src", compressible=True)
+    cache = BlobCache(tmp_path / "cache")
+    bare, full = _dest(tmp_path, "bare", files), _dest(tmp_path, "full", files)
+    bare.state = StagingState(set(), zstd=False, free=None)
+    full.state = StagingState(set(), zstd=True, free=None)
+
+    def source(dest: Destination, compress: str) -> wire.Choice:
+        return relay_mod._source_choice(LocalTransport(host="src"), str(sp), files,
+                                        [relay_mod._Forward(dest, files)], PY, False, compress,
+                                        20e6)
+
+    refused = source(bare, "always")
+    assert not refused.compress and "no zstd on bare:/v" in refused.reason
+    assert "--compress always not honoured" in refused.reason
+    assert source(full, "always").compress and not source(full, "never").compress
+    from_cache = relay_mod._cache_choice(bare, files, cache, "always", 20e6)
+    assert not from_cache.compress and "not honoured" in from_cache.reason
+    assert relay_mod._cache_choice(full, files, cache, "always", 20e6).compress

@@ -88,6 +88,7 @@ INTEGRATION_TESTS = frozenset({
     "test_rehearsal_carry.py::test_repacked_wheel_installs_with_pip_target",
     "test_rehearsal_carry.py::test_requirement_check_script_reads_real_metadata",
     "test_rehearsal_carry.py::test_tree_bytes_is_tracked_plus_untracked_not_ignored",
+    "test_openssh_ciphers.py::test_the_local_client_accepts_what_is_offered",
     "test_rehearsal_run.py::test_faults_change_what_they_claim_and_nothing_without_them",
     "test_service_tp_env.py::test_systemd_accepts_a_tp4_unit_with_environment",
     "test_signatures.py::test_real_dlopen_of_sgl_kernel_like_module_in_cu128_venv",

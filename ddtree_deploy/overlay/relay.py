@@ -267,27 +267,34 @@ def relay(
 def _source_choice(source: Transport, site_packages: str, files: list[FileEntry],
                    forwards: list[_Forward], python: str, sudo: bool, compress: str,
                    link_bps: float | None) -> wire.Choice:
-    if compress in ("always", "never"):
-        return wire.Choice(compress == "always", f"--compress {compress}")
+    if compress == "never":
+        return wire.Choice(False, "--compress never")
     no_zstd = [f.dest.label for f in forwards if f.dest.state is not None
                and not f.dest.state.zstd]
-    if no_zstd:
-        return wire.Choice(False, f"no zstd on {', '.join(no_zstd)}")
+    if no_zstd:  # a target without zstd could not read a compressed stream, even if asked
+        return wire.Choice(False, f"no zstd on {', '.join(no_zstd)}"
+                           + (" (--compress always not honoured)" if compress == "always" else ""))
+    if compress == "always":
+        return wire.Choice(True, "--compress always")
     sample = wire.measure_source(source, python, site_packages,
                                  [(e.path, e.size) for e in files], sudo=sudo, flags=ZSTD_FLAGS)
     if not sample.zstd:
-        return wire.Choice(False, f"no zstd on {source.host}")
+        why = f" ({sample.why})" if sample.why else ""
+        return wire.Choice(False, f"no usable zstd on {source.host}{why}")
     link = link_bps or wire.measure_link(source)
-    here = sample.cpus_with(os.cpu_count() or 1, os.getloadavg()[0])
+    here = sample.cpus_with(wire.usable_cpus(), os.getloadavg()[0])
     return wire.choose(link, sample.ratio, sample.speed_bps, here)
 
 
 def _cache_choice(d: Destination, need: list[FileEntry], cache: BlobCache, compress: str,
                   link_bps: float | None) -> wire.Choice:
-    if compress in ("always", "never"):
-        return wire.Choice(compress == "always", f"--compress {compress}")
-    if d.state is not None and not d.state.zstd:
-        return wire.Choice(False, f"no zstd on {d.transport.host}")
+    if compress == "never":
+        return wire.Choice(False, "--compress never")
+    if d.state is not None and not d.state.zstd:  # it could not read a compressed stream
+        return wire.Choice(False, f"no zstd on {d.transport.host}"
+                           + (" (--compress always not honoured)" if compress == "always" else ""))
+    if compress == "always":
+        return wire.Choice(True, "--compress always")
     # a compressed stream sends the cache's frames as stored: the ratio is theirs, and no
     # compressor runs here (the target's `zstd -d` outruns any link this tool meets)
     payload = sum(e.size for e in need)

@@ -90,6 +90,14 @@ def spare_cores(cpus: int, load: float) -> float:
     return max(1.0, cpus - load - 1.0)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def choose(link_bps: float, ratio: float, speed_bps: float, cpus: Cpus | None = None) -> Choice:
     """Compress when max(1/speed, 1/(ratio*link) + cpu) <= GAIN/link, per byte of payload."""
     plain = 1.0 / max(link_bps, 1.0)
@@ -101,7 +109,7 @@ def choose(link_bps: float, ratio: float, speed_bps: float, cpus: Cpus | None = 
     extra = {"cpu_s_per_gb": cpu * 1e9, "spare_cores": spare} if cpus is not None else {}
     if ratio < 1.0 / GAIN:
         why = f"the data shrinks only {ratio:.2f}x"
-    elif not ok and 1.0 / max(speed_bps, 1.0) <= GAIN * plain:
+    elif not ok and cpus is not None and 1.0 / max(speed_bps, 1.0) <= GAIN * plain:
         why = (f"{ratio:.2f}x smaller saves less of the link's {link_bps / 1e6:.0f} MB/s than "
                f"compressing and decompressing cost ({cpu * 1e9:.1f} CPU-s per GB over "
                f"{spare:.1f} spare cores)")
@@ -153,6 +161,7 @@ class Sample:
     decompress_cpu: float = 0.0
     cpus: int = 1
     load: float = 0.0
+    why: str = ""  # where the source has a zstd that failed on the sample: what it said
 
     def cpus_with(self, cpus_here: int, load_here: float) -> Cpus:
         return Cpus(self.compress_cpu, self.decompress_cpu,
@@ -169,7 +178,7 @@ def measure_source(t: Transport, python: str, site_packages: str,
                     what="measuring compression on the source")
     n = int(data.get("bytes", 0))
     if not data.get("zstd") or n == 0:
-        return Sample(bool(data.get("zstd")))
+        return Sample(bool(data.get("zstd")), why=str(data.get("why") or "")[:300])
     return Sample(True, n / max(int(data.get("compressed", n)), 1),
                   n / max(float(data.get("seconds", 0.0)), 1e-6),
                   float(data.get("cpu_seconds", 0.0)) / n,

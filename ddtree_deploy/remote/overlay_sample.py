@@ -1,4 +1,4 @@
-"""On an overlay's source: how well `zstd -1 -T0` compresses the lane's own data, and how fast.
+"""On an overlay's source: how well `zstd`, with the stream's flags, compresses the lane's data.
 
     python -c "$(this file)" SITE_PACKAGES SAMPLE_BYTES [ZSTD_FLAGS]   < [[path, size], ...]
 
@@ -6,10 +6,11 @@ Reads a sample (a slice from the middle of each of the eight largest files, path
 site-packages) and times zstd over it (`zstd -T0 ZSTD_FLAGS`, the stream's own: default -1),
 less the time of starting zstd. Prints {"zstd": bool,
 "bytes": n, "compressed": m, "seconds": s, "cpu_seconds": c, "decompress_cpu_seconds": d,
-"cpus": k, "load": l} ("bytes": 0 without zstd or files): c and d are the CPU time (user and
+"cpus": k, "load": l} ("bytes": 0 without zstd or files; {"zstd": false, "why": ...} where this
+zstd fails on the flags or does not restore the sample): c and d are the CPU time (user and
 system, less a start's) of `zstd` compressing the sample and of `zstd -d` restoring it, k and l
-this host's CPUs and load average over the last minute. Sent as it is (not bundled):
-Python >= 3.8 syntax, stdlib only.
+the CPUs this process may use and the load average over the last minute. Sent as it is (not
+bundled): Python >= 3.8 syntax, stdlib only.
 """
 
 from __future__ import annotations
@@ -46,18 +47,31 @@ def main(argv: list[str]) -> int:
     subprocess.run(cmd, input=b"", stdout=subprocess.PIPE)  # the cost of starting it
     t1 = time.monotonic()
     c1 = _children_cpu()
-    proc = subprocess.run(cmd, input=data, stdout=subprocess.PIPE)
+    proc = subprocess.run(cmd, input=data, capture_output=True)
     took = max((time.monotonic() - t1) - (t1 - t0), 1e-6)
     c2 = _children_cpu()
-    subprocess.run(["zstd", "-q", "-d", "-c", *[f for f in flags if f.startswith("--long")]],
-                   input=proc.stdout, stdout=subprocess.DEVNULL)
+    back = subprocess.run(["zstd", "-q", "-d", "-c", *[f for f in flags if f.startswith("--long")]],
+                          input=proc.stdout, capture_output=True)
     c3 = _children_cpu()
+    if proc.returncode != 0 or not proc.stdout or back.returncode != 0 or back.stdout != data:
+        # this zstd cannot run the stream's flags (an old build without --long, say): the
+        # stream must not be compressed with them, so report it as no zstd, with the reason
+        why = (proc.stderr or back.stderr or b"").decode("utf-8", "replace").strip()[-300:]
+        print(json.dumps({"zstd": False, "bytes": 0, "why": why or "zstd failed on the sample"}))
+        return 0
     start = c1 - c0
     print(json.dumps({"zstd": True, "bytes": len(data), "compressed": len(proc.stdout),
                       "seconds": took, "cpu_seconds": max(c2 - c1 - start, 0.0),
                       "decompress_cpu_seconds": max(c3 - c2 - start, 0.0),
-                      "cpus": os.cpu_count() or 1, "load": os.getloadavg()[0]}))
+                      "cpus": _cpus(), "load": os.getloadavg()[0]}))
     return 0
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _children_cpu() -> float:

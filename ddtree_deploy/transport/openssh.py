@@ -53,9 +53,29 @@ SSH_LOST = 255  # what ssh exits with when it, not the command, failed
 # ~1.3 CPU-s/GB less on the workstation (client + master) and ~0.9-1 less per sshd than the
 # default chacha20-poly1305 on CPUs with AES-NI, 340-445 vs 250-275 MB/s single-stream
 # (benchmarks/RESULTS.md, overlay, run F). A server without AES-GCM negotiates as before.
-# Given on the command line, it also stands over a Ciphers line of a loaded ssh_config.
+# Offered only as far as this ssh knows them (`ssh -Q cipher`: a name it does not know is fatal
+# to every command) and only with AES-GCM among them; a host that loads its ssh_config
+# (ssh_alias) keeps what that says (a -o would stand over its Ciphers line).
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
            "aes128-ctr", "aes192-ctr", "aes256-ctr")
+
+
+def offered_ciphers(known: set[str] | frozenset[str]) -> list[str]:
+    """CIPHERS this client knows, in their order; none where no AES-GCM would be among them."""
+    offer = [c for c in CIPHERS if c in known]
+    return offer if any(c.endswith("-gcm@openssh.com") for c in offer) else []
+
+
+def client_ciphers(ssh: str) -> frozenset[str]:
+    """The ciphers this ssh client supports (`ssh -Q cipher`); empty where it cannot say."""
+    try:
+        done = subprocess.run([ssh, "-Q", "cipher"], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    if done.returncode != 0:
+        return frozenset()
+    return frozenset(done.stdout.decode("utf-8", "replace").split())
 
 
 # A socket path holds at most 103 bytes (104 on BSD and macOS, with the NUL); ssh binds the
@@ -134,6 +154,7 @@ class OpenSshTransport(ExecTransport):
         self._port = port
         self._load_ssh_config = load_ssh_config or ssh_config is not None
         self._algorithms: list[str] | None = None  # once the pinned file is written
+        self._ciphers: list[str] | None = None  # once asked of the client (cipher_options)
         self._endpoint: tuple[str, int, bool] | None = None
         # as paramiko: no ~/.ssh/config unless asked; ssh_config: that file instead
         opts = ["-F", str(ssh_config or "none")] if ssh_config or not load_ssh_config else []
@@ -156,7 +177,6 @@ class OpenSshTransport(ExecTransport):
             "-o", "UpdateHostKeys=no",
             "-o", "VerifyHostKeyDNS=no",
             "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
-            "-o", f"Ciphers={','.join(CIPHERS)}",  # AES-GCM first: CIPHERS says why
             "-o", "ServerAliveInterval=15",
             "-o", "ServerAliveCountMax=3",
             "-o", "LogLevel=ERROR",
@@ -178,6 +198,14 @@ class OpenSshTransport(ExecTransport):
             else:
                 self._endpoint = self._resolve()
         return self._endpoint
+
+    def cipher_options(self) -> list[str]:
+        """`-o Ciphers=...` with AES-GCM first (CIPHERS says why), or nothing: a host that
+        loads its ssh_config, or a client without AES-GCM. Asked of the client once."""
+        if self._ciphers is None:
+            self._ciphers = [] if self._load_ssh_config \
+                else offered_ciphers(client_ciphers(self._ssh))
+        return ["-o", f"Ciphers={','.join(self._ciphers)}"] if self._ciphers else []
 
     def _resolve(self) -> tuple[str, int, bool]:
         try:
@@ -294,7 +322,8 @@ class OpenSshTransport(ExecTransport):
         # to the background (its output to /dev/null) and runs the command through it. A stale
         # socket is removed by ssh itself.
         algorithms = ",".join(self._pin())
-        argv = [*self._base, "-o", f"HostKeyAlgorithms={algorithms}", "-o", "ControlMaster=auto",
+        argv = [*self._base, *self.cipher_options(), "-o", f"HostKeyAlgorithms={algorithms}",
+                "-o", "ControlMaster=auto",
                 "-o", f"ControlPersist={self._persist}s", "-T", "-e", "none", "--", self.target,
                 script]
         # Killing the client at the deadline ends the session; the host's side is bounded by
