@@ -7,7 +7,7 @@
 `build` downloads the wheels of rehearsal/carry-set.tsv into a cache outside the repository
 (checking each sha256), repacks sglang-kernel for SM 9.0, builds this project's wheel, and writes
 them with DEST/manifest.json; it fails before downloading anything if working tree + carry set
-would exceed 62 MiB (a device call carries 64). `install` checks every file against the manifest,
+would exceed 63 MiB (a device call carries 64). `install` checks every file against the manifest,
 installs the `venv` wheels into the venv with pip (no index, no deps), the tool and its `tool`
 wheels into a folder of their own, and writes DEST/bin/ddtree-deploy, which runs the tool with the
 venv's Python. Exit codes: 0 done, 1 refused or failed (one message on stderr), 2 usage.

