@@ -45,6 +45,7 @@ from ddtree_deploy.overlay.transfer import (
     staging_check,
     unique_by_sha,
 )
+from ddtree_deploy.remote.overlay_sample import usable_cpus  # the sample counts CPUs so too
 from ddtree_deploy.remote.overlay_transfer import RECEIVE_SHELL, staging_receive
 from ddtree_deploy.remote.runner import read_json
 from ddtree_deploy.transport.base import Result, Transport
@@ -264,37 +265,42 @@ def relay(
     return report
 
 
-def _source_choice(source: Transport, site_packages: str, files: list[FileEntry],
-                   forwards: list[_Forward], python: str, sudo: bool, compress: str,
-                   link_bps: float | None) -> wire.Choice:
+def _forced(compress: str, without_zstd: list[str]) -> wire.Choice | None:
+    """The choice made without measuring, or None: `--compress never`; plain toward a target
+    without zstd (it could not read a compressed stream, even if asked); `--compress always`."""
     if compress == "never":
         return wire.Choice(False, "--compress never")
-    no_zstd = [f.dest.label for f in forwards if f.dest.state is not None
-               and not f.dest.state.zstd]
-    if no_zstd:  # a target without zstd could not read a compressed stream, even if asked
-        return wire.Choice(False, f"no zstd on {', '.join(no_zstd)}"
+    if without_zstd:
+        return wire.Choice(False, f"no zstd on {', '.join(without_zstd)}"
                            + (" (--compress always not honoured)" if compress == "always" else ""))
     if compress == "always":
         return wire.Choice(True, "--compress always")
+    return None
+
+
+def _source_choice(source: Transport, site_packages: str, files: list[FileEntry],
+                   forwards: list[_Forward], python: str, sudo: bool, compress: str,
+                   link_bps: float | None) -> wire.Choice:
+    forced = _forced(compress, [f.dest.label for f in forwards if f.dest.state is not None
+                                and not f.dest.state.zstd])
+    if forced is not None:
+        return forced
     sample = wire.measure_source(source, python, site_packages,
                                  [(e.path, e.size) for e in files], sudo=sudo, flags=ZSTD_FLAGS)
     if not sample.zstd:
         why = f" ({sample.why})" if sample.why else ""
         return wire.Choice(False, f"no usable zstd on {source.host}{why}")
     link = link_bps or wire.measure_link(source)
-    here = sample.cpus_with(wire.usable_cpus(), os.getloadavg()[0])
+    here = sample.cpus_with(usable_cpus(), os.getloadavg()[0])
     return wire.choose(link, sample.ratio, sample.speed_bps, here)
 
 
 def _cache_choice(d: Destination, need: list[FileEntry], cache: BlobCache, compress: str,
                   link_bps: float | None) -> wire.Choice:
-    if compress == "never":
-        return wire.Choice(False, "--compress never")
-    if d.state is not None and not d.state.zstd:  # it could not read a compressed stream
-        return wire.Choice(False, f"no zstd on {d.transport.host}"
-                           + (" (--compress always not honoured)" if compress == "always" else ""))
-    if compress == "always":
-        return wire.Choice(True, "--compress always")
+    forced = _forced(compress, [d.transport.host] if d.state is not None and not d.state.zstd
+                     else [])
+    if forced is not None:
+        return forced
     # a compressed stream sends the cache's frames as stored: the ratio is theirs, and no
     # compressor runs here (the target's `zstd -d` outruns any link this tool meets)
     payload = sum(e.size for e in need)

@@ -90,14 +90,6 @@ def spare_cores(cpus: int, load: float) -> float:
     return max(1.0, cpus - load - 1.0)
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity; the machine's count where unknown)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def choose(link_bps: float, ratio: float, speed_bps: float, cpus: Cpus | None = None) -> Choice:
     """Compress when max(1/speed, 1/(ratio*link) + cpu) <= GAIN/link, per byte of payload."""
     plain = 1.0 / max(link_bps, 1.0)

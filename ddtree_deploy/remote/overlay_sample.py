@@ -63,11 +63,12 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"zstd": True, "bytes": len(data), "compressed": len(proc.stdout),
                       "seconds": took, "cpu_seconds": max(c2 - c1 - start, 0.0),
                       "decompress_cpu_seconds": max(c3 - c2 - start, 0.0),
-                      "cpus": _cpus(), "load": os.getloadavg()[0]}))
+                      "cpus": usable_cpus(), "load": os.getloadavg()[0]}))
     return 0
 
 
-def _cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where unknown)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
