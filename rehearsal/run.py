@@ -81,6 +81,13 @@ def check_args(a: argparse.Namespace) -> str | None:
     return None
 
 
+def work_env() -> dict[str, str]:
+    """The environment of what the rehearsal starts on the GPU host: HOME in the scratch folder
+    (tvm-ffi, flashinfer, triton and sglang keep their JIT caches under it), unbuffered output."""
+    (WORK / "home").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"}
+
+
 class Rehearsal:
     def __init__(self, carry: Path, out: Path, budget: float, phase: str) -> None:
         self.carry, self.out, self.phase = carry.resolve(), out, phase
@@ -229,9 +236,7 @@ class Rehearsal:
 
     def graphs_check(self) -> None:
         """The deployed payload's round graphs against its eager round (rehearsal/graphs_check)."""
-        env = dict(os.environ)
-        env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
-        (WORK / "home").mkdir(parents=True, exist_ok=True)
+        env = work_env()
         done = subprocess.run([str(VENV / "bin" / "python"), "-m", "rehearsal.graphs_check"],
                               capture_output=True, text=True, cwd=REPO, env=env, check=False,
                               timeout=max(30.0, min(240.0, self.left() - 60)))
@@ -258,9 +263,7 @@ class Rehearsal:
         ``meanwhile`` runs), then the rest together; each is probed by the tool."""
         from rehearsal import servers as srv
 
-        env = dict(os.environ)
-        env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
-        (WORK / "home").mkdir(parents=True, exist_ok=True)
+        env = work_env()
         hosts = {s.name: srv.hosts_file(s, str(VENV), self.logs) for s in servers}
         units = {}
         for s in servers:
@@ -612,8 +615,7 @@ def bench(r: Rehearsal, order: tuple[str, ...] = ("ladder", "dummy"), *,
     grid = REPO / "benchmarks" / "grids" / "h200-small.yaml"
     folder = r.logs / "bench"
     folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.update({"HOME": str(WORK / "home"), "PYTHONUNBUFFERED": "1"})
+    env = work_env()
     # DFLASH is left out on dummy weights: its sampled verify never returned there (run 5), so
     # the probe of that configuration would hang the GPU for the rest of the sweep.
     same_grid = ["--concurrency", "1,8", "--sampling", "greedy,sampled", "--workloads",
