@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from cpu_by_host import CpuReport, lab_namespaces, run_measured
+from lane_rounds import GOALS, Hosts, overlay_round, report, wait_gone
 
 from ddtree_deploy import xdg
 from ddtree_lab import manager
@@ -60,7 +61,6 @@ from ddtree_lab import manager
 CLI = str(Path(sys.executable).with_name("ddtree-deploy"))
 WHEELS = {"nvidia-cublas": "13.1.1.3", "nvidia-cuda-nvrtc": "13.0.88",
           "nvidia-cusparse": "12.6.3.3", "nvidia-nccl-cu13": "2.30.7"}
-GOALS = {"cold": 0.4, "warm": 0.25, "extra": 0.25}
 
 
 def wheel_dir() -> Path:
@@ -100,22 +100,6 @@ def hosts_file(work: Path, rows: list[manager.HostStatus]) -> Path:
     return path
 
 
-def wait_gone(pid: object) -> float:
-    """Seconds until the detached recompression `pid` (from `--json`) has exited."""
-    t0 = time.monotonic()
-    if isinstance(pid, int):
-        while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
-            time.sleep(0.1)
-    return time.monotonic() - t0
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
-
-
 def host_zstd(addresses: list[str], remove: bool = False) -> None:
     for a in addresses:
         if remove:
@@ -133,15 +117,6 @@ def install_lane(src: str, wheels: Path) -> None:
                     f"root@{src}:/root/bench-wheels/"], check=True, timeout=900)
     ssh(src, f"/root/ml-env/bin/python -m pip install -q --no-deps --force-reinstall "
              f"--no-index {names} && rm -rf /root/bench-wheels", timeout=900)
-
-
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, dict]:
-    t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-    took = time.monotonic() - t0
-    if r.returncode not in (0, 3):
-        raise SystemExit(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr[-1500:]}")
-    return took, json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
 
 
 def scp_hops(src: str, dst: str, site: str, scratch: Path) -> float:
@@ -217,6 +192,10 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
         subprocess.run([CLI, "--hosts", str(hosts), "venv", "clone", host, "/root/venv", venv],
                        check=True, capture_output=True, env=env, timeout=600)
 
+    def remove(host: str, path: str) -> None:
+        ssh(by[host], f"rm -rf {path}")
+
+    lab_hosts = Hosts(clone, remove, "ct200", fleet_hosts)
     envs = root_envs(args.roots or [""], env, work)
     roots = [] if args.cold_only else list(envs)
     rounds: dict[str, list[dict[str, float]]] = {r: [] for r in roots}
@@ -232,13 +211,14 @@ def rounds_of(args: argparse.Namespace, by: dict[str, str], hosts: Path, env: di
         else:
             scp = scp_hops(by["ct129"], by["ct200"], site, work / "scp")
         for root in roots:
-            row = {"scp": scp, **overlay_round(base, by, fleet_hosts, blobs, envs[root], clone,
-                                                 stages[root], args.extra)}
+            row = {"scp": scp, **overlay_round(base, lab_hosts, blobs, envs[root],
+                                                 stages[root])}
             rounds[root].append(row)
             print(f"round {n + 1}{' ' + root if root else ''}: "
                   + ", ".join(f"{k} {v:.2f}s" for k, v in row.items()), flush=True)
     for root in roots:
-        report(root, rounds[root], stages[root], size, args)
+        report(root, rounds[root], stages[root], f"{size} bytes in ct129's site-packages/nvidia",
+               args.rate, args.extra)
     if ab is not None:
         ab.report(size, args)
     for renv in envs.values():  # the masters each checkout kept (ssh_persist)
@@ -358,60 +338,6 @@ def _median_hosts(cpus: list[CpuReport]) -> str:
     irq = statistics.median(c.irq for c in cpus)
     machine = statistics.median(c.machine for c in cpus)
     return ", ".join(parts) + f", rest {rest:.1f} (irq+softirq {irq:.1f}), machine {machine:.1f}"
-
-
-def overlay_round(base: list[str], by: dict[str, str], fleet_hosts: list[str], blobs: Path,
-                  env: dict[str, str], clone, stages: dict[str, list[dict]],
-                  extra: int) -> dict[str, float]:
-    row: dict[str, float] = {}
-    shutil.rmtree(blobs, ignore_errors=True)
-    clone("ct200", "/root/bv-cold", env)
-    clone("ct200", "/root/bv-warm", env)
-    row["cold"], j = timed([*base, "--to", "ct200:/root/bv-cold"], env)
-    stages["cold"].append(j)
-    row["densify"] = wait_gone(j.get("recompressing_cache", {}).get("pid"))
-    row["warm"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
-    stages["warm"].append(j)
-    row["unchanged"], j = timed([*base, "--to", "ct200:/root/bv-warm"], env)
-    stages["unchanged"].append(j)
-    ssh(by["ct200"], "rm -rf /root/bv-cold /root/bv-warm")
-    shutil.rmtree(blobs, ignore_errors=True)
-    for h in fleet_hosts:
-        clone(h, "/root/bv-fleet", env)
-    row["fleet"], j = timed([*base, *[a for h in fleet_hosts
-                                     for a in ("--to", f"{h}:/root/bv-fleet")]], env)
-    stages["fleet"].append(j)
-    wait_gone(j.get("recompressing_cache", {}).get("pid"))
-    for h in fleet_hosts:
-        ssh(by[h], "rm -rf /root/bv-fleet")
-    row["extra"] = (row["fleet"] - row["cold"]) / max(extra, 1)
-    return row
-
-
-def report(root: str, rounds: list[dict[str, float]], stages: dict[str, list[dict]],
-           size: str, args: argparse.Namespace) -> None:
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    print(f"\n{('code: ' + root + '; ') if root else ''}lane: {size} bytes in ct129's "
-          f"site-packages/nvidia; links {args.rate} each way; {args.rounds} rounds, medians:")
-    print(f"two scp -r hops:            {med['scp']:.2f}s")
-    for key, label in (("cold", "cold cache"), ("warm", "second target, cache warm"),
-                       ("extra", f"each extra fleet target ({args.extra})")):
-        ratio = med[key] / med["scp"]
-        verdict = "met" if ratio <= GOALS[key] else "NOT met"
-        print(f"{label + ':':27} {med[key]:.2f}s  ratio {ratio:.2f} (goal <= {GOALS[key]}, "
-              f"{verdict})")
-    print(f"cache recompression after cold (detached, waited for): {med['densify']:.2f}s")
-    print(f"unchanged re-run:           {med['unchanged']:.2f}s (goal <= 1 s, "
-          f"{'met' if med['unchanged'] <= 1 else 'NOT met'})")
-    for kind, runs in stages.items():
-        mid = sorted(runs, key=lambda j: j.get("seconds", {}).get("total", 0))[len(runs) // 2]
-        print(f"stages of the median {kind} run: {json.dumps(mid.get('seconds', {}))}")
-        for t in mid.get("targets", [mid]):
-            print(f"  {t.get('target', {}).get('host')}: {json.dumps(t.get('seconds', {}))} "
-                  f"pushed {t.get('bytes_pushed')} bytes, "
-                  f"compression {json.dumps(t.get('compression'))}")
-        if mid.get("source_compression"):
-            print(f"  source stream: {json.dumps(mid['source_compression'])}")
 
 
 if __name__ == "__main__":

@@ -290,7 +290,7 @@ def _source_choice(source: Transport, site_packages: str, files: list[FileEntry]
     if not sample.zstd:
         why = f" ({sample.why})" if sample.why else ""
         return wire.Choice(False, f"no usable zstd on {source.host}{why}")
-    link = link_bps or wire.measure_link(source)
+    link = link_bps or wire.measure_link(source, python=python)
     here = sample.cpus_with(usable_cpus(), os.getloadavg()[0])
     return wire.choose(link, sample.ratio, sample.speed_bps, here)
 
@@ -306,5 +306,5 @@ def _cache_choice(d: Destination, need: list[FileEntry], cache: BlobCache, compr
     payload = sum(e.size for e in need)
     stored = sum(cache.stored_size(e.sha256) for e in need)
     ratio = payload / max(stored, 1)
-    link = link_bps or wire.measure_link(d.transport)
+    link = link_bps or wire.measure_link(d.transport, python=d.python)
     return wire.choose(link, ratio, float("inf"))

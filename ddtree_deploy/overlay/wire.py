@@ -6,8 +6,8 @@ shrinks enough to matter: CUDA 13 libraries barely shrink, torch's do; a loopbac
 and "Overlay on the real CUDA 13 lane"). So before a stream, three numbers are
 measured:
 
-- the link: bytes per second into `cat >/dev/null` on the far host (a few MiB of
-  random bytes, minus the time of an empty send: the round trip);
+- the link: bytes per second arriving on the far host, timed there over the stream's own
+  flow (remote/overlay_link_probe.py: 16 MiB of random bytes, the first 2 MiB untimed);
 - the ratio and the compressor's speed, on a sample of the data itself: on the
   source with its `zstd -T0` and the stream's flags (remote/overlay_sample.py; the source
   compresses its stream), or here with
@@ -31,7 +31,6 @@ no CPU is counted (nothing is compressed for it; the target's `zstd -d` is cheap
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -41,12 +40,13 @@ from dataclasses import asdict, dataclass
 
 import zstandard
 
+from ddtree_deploy.errors import DeployError
 from ddtree_deploy.remote.bundle import text
 from ddtree_deploy.remote.runner import run_json
 from ddtree_deploy.transport.base import Transport
-from ddtree_deploy.transport.command import Command
 
-LINK_PROBE = 8 << 20
+LINK_PROBE = 16 << 20
+LINK_SKIP = 2 << 20  # not timed: the stream's start (see measure_link)
 SAMPLE_BYTES = 16 << 20
 GAIN = 0.9  # compressed must take at most this fraction of the plain time
 
@@ -119,15 +119,18 @@ def choose(link_bps: float, ratio: float, speed_bps: float, cpus: Cpus | None = 
                   **extra)
 
 
-def measure_link(t: Transport, nbytes: int = LINK_PROBE) -> float:
-    """Bytes per second from here into `cat >/dev/null` on t's host (round trip removed)."""
-    cmd = Command.shell("cat >/dev/null")
-    t0 = time.monotonic()
-    t.run_stream_in(cmd, io.BytesIO(b""), timeout=60).check()
-    t1 = time.monotonic()
-    t.run_stream_in(cmd, io.BytesIO(os.urandom(nbytes)), timeout=120).check()
-    t2 = time.monotonic()
-    return nbytes / max((t2 - t1) - (t1 - t0), 1e-4)
+def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "python3") -> float:
+    """Bytes per second from here to t's host, timed there (remote/overlay_link_probe.py) over
+    the bytes after the first LINK_SKIP of `nbytes` random ones: neither the session's setup
+    nor what the pipes and TCP buffered at once is in it."""
+    skip = min(LINK_SKIP, nbytes // 4)
+    data = run_json(t, text("overlay_link_probe.py"), (str(skip),), python=python,
+                    stdin=os.urandom(nbytes), timeout=120, what="measuring the link")
+    counted, received = int(data.get("bytes", 0)), int(data.get("received", 0))
+    if received != nbytes or counted <= 0:
+        raise DeployError(f"{t.host}: measuring the link: {received} of {nbytes} bytes "
+                          "arrived")
+    return counted / max(float(data.get("seconds", 0.0)), 1e-3)
 
 
 def measure_local(samples: Iterable[bytes]) -> tuple[float, float]:

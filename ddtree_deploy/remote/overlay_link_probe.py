@@ -1,0 +1,45 @@
+"""On a host: how fast bytes arrive over the link, timed here, from the stream's own flow.
+
+    python -c "$(this file)" SKIP   < random bytes
+
+Reads stdin to its end. The first SKIP bytes are not timed (the connection's and the session's
+start, TCP's slow start, the bytes already buffered on the way); the clock runs from the read
+that passed SKIP to the last one. Prints {"bytes": n, "seconds": s}: n bytes arrived in s
+seconds after the first SKIP. Timing here, on one clock, leaves out what the sender's side
+adds (the session's setup, which on a fast link takes as long as the bytes: the old probe's
+difference of two sends could come out zero or negative). Sent as it is (not bundled):
+Python >= 3.8 syntax, stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main(argv: list[str]) -> int:
+    skip = int(argv[0])
+    buf = bytearray(1 << 20)
+    got = 0
+    start = None
+    counted = 0
+    with open(sys.stdin.fileno(), "rb", buffering=0, closefd=False) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            got += n
+            if start is None and got >= skip:
+                start = time.monotonic()
+                counted = got
+    end = time.monotonic()
+    if start is None:
+        print(json.dumps({"bytes": 0, "seconds": 0.0, "received": got}))
+        return 0
+    print(json.dumps({"bytes": got - counted, "seconds": end - start, "received": got}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
