@@ -16,7 +16,10 @@ each an OpenSSH sshd of its own on 127.0.0.1 behind a link of its own:
   (--site: on the GPU host, torch 2.11.0+cu130's venv) into a fresh source venv; a lane
   file of its own (nvlane) names them.
 - in each round: the story's two `scp -r` hops (src's site-packages/nvidia to here, then to
-  dst), then cold, densify, warm, unchanged and the fleet (lane_rounds.overlay_round).
+  dst), the issue's bare pipeline (`ssh src tar | zstd -1 -T0 | ssh dst 'zstd -d | tar x'`:
+  no hashing, cache, backup or swap), then cold, densify, warm, unchanged and the fleet
+  (lane_rounds.overlay_round), for each of `--roots` in turn (the order rotating), each
+  with OpenSSH masters of its own.
 
 Where the machine has no OpenSSH (the GPU host's image), `--tools DIR` names a folder of
 OpenSSH's and zstd's binaries with the libraries they need and their loader
@@ -39,6 +42,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -253,6 +257,8 @@ def main() -> None:
     ap.add_argument("--device-setup", action="store_true")
     ap.add_argument("--work", type=Path)
     ap.add_argument("--out", type=Path, help="the result as JSON")
+    ap.add_argument("--roots", nargs="+", default=[], metavar="ROOT",
+                    help="checkouts of the tool to compare (PYTHONPATH=ROOT), in turn each round")
     ap.add_argument("--cli", default=f"{sys.executable} -m ddtree_deploy.cli",
                     help="how to run ddtree-deploy")
     args = ap.parse_args()
@@ -275,13 +281,18 @@ def run(args: argparse.Namespace, m: Machine, hosts: Path, names: list[str]) -> 
     size = copy_lane(args.site, site)
     print(f"lane: {size} bytes copied into {site} in {time.monotonic() - t0:.1f}s; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
-    env = {**m.env(), "XDG_CACHE_HOME": str(work / "cache"),
-           "XDG_RUNTIME_DIR": str(work / "run"), "XDG_STATE_HOME": str(work / "state"),
-           "XDG_CONFIG_HOME": str(work / "config")}
-    (work / "run").mkdir(mode=0o700)
     blobs = work / "cache" / "ddtree-deploy" / "blobs"
     base = [*args.cli.split(), "--hosts", str(hosts), "overlay", "--abi",
             str(lane_file(work, src_venv)), "--json"]
+    envs = {}
+    for i, root in enumerate(args.roots or [""]):  # each its own OpenSSH masters (run/)
+        (work / f"run{i}").mkdir(mode=0o700)
+        path = f"{root}:{os.environ.get('PYTHONPATH', '')}" if root else None
+        envs[root] = {**m.env(), "XDG_CACHE_HOME": str(work / "cache"),
+                      "XDG_RUNTIME_DIR": str(work / f"run{i}"),
+                      "XDG_STATE_HOME": str(work / "state"),
+                      "XDG_CONFIG_HOME": str(work / "config"), **({"PYTHONPATH": path}
+                                                                  if path else {})}
 
     def clone(host: str, venv: str, env: dict[str, str]) -> None:
         fresh_venv(venv)
@@ -291,35 +302,78 @@ def run(args: argparse.Namespace, m: Machine, hosts: Path, names: list[str]) -> 
 
     homes = {n: m.home(n) for n in names}
     hs = Hosts(clone, remove, "dst", names[1:], home=homes.__getitem__)
-    stages: dict[str, list[dict]] = {"cold": [], "warm": [], "unchanged": [], "fleet": []}
-    rounds: list[dict[str, float]] = []
+    stages = {r: {"cold": [], "warm": [], "unchanged": [], "fleet": []} for r in envs}
+    rounds: dict[str, list[dict[str, float]]] = {r: [] for r in envs}
     cpu: list[dict[str, float]] = []
     for n in range(args.rounds):
-        scratch = work / "scp"
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir()
-        dst_scp = f"{homes['dst']}/scp-dst"
-        shutil.rmtree(dst_scp, ignore_errors=True)
-        Path(dst_scp).mkdir()
-        c0, t0 = busy_cpu_s(), time.monotonic()
-        m.scp("-P", str(m.ports["src"][0]), f"root@127.0.0.1:{site}/nvidia", str(scratch))
-        m.scp("-P", str(m.ports["dst"][0]), str(scratch / "nvidia"), f"root@127.0.0.1:{dst_scp}/")
-        scp = time.monotonic() - t0
-        scp_cpu = busy_cpu_s() - c0
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(dst_scp, ignore_errors=True)
-        c0 = busy_cpu_s()
-        row = {"scp": scp, **overlay_round(base, hs, blobs, env, stages)}
-        cpu.append({"scp": round(scp_cpu, 1), "overlay_cases": round(busy_cpu_s() - c0, 1)})
-        rounds.append(row)
-        print(f"round {n + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in row.items())
-              + f"; machine CPU-s: scp hops {scp_cpu:.1f}", flush=True)
-    result = report("", rounds, stages, f"{size} bytes in src's site-packages (nvidia)",
-                    f"{args.rate / 1e6:.0f} MB/s (payload)", args.extra)
-    result.update({"cpus": os.cpu_count(), "lane_bytes": size, "cpu_s": cpu,
-                   "stages": stages, "bundled_openssh": m.bundled})
+        scp, scp_cpu = scp_hops(m, site, homes["dst"])
+        bare, bare_cpu = bare_pipe(m, site, homes["dst"])
+        cpu.append({"scp": round(scp_cpu, 1), "bare": round(bare_cpu, 1)})
+        order = list(envs)[n % len(envs):] + list(envs)[:n % len(envs)]
+        for root in order:
+            c0 = busy_cpu_s()
+            row = {"scp": scp, "bare": bare, **overlay_round(base, hs, blobs, envs[root],
+                                                              stages[root])}
+            cpu[-1][f"overlay {root}"] = round(busy_cpu_s() - c0, 1)
+            rounds[root].append(row)
+            print(f"round {n + 1}{' ' + root if root else ''}: "
+                  + ", ".join(f"{k} {v:.2f}s" for k, v in row.items()), flush=True)
+        print(f"round {n + 1}: machine CPU-s {json.dumps(cpu[-1])}", flush=True)
+    out: dict[str, object] = {"cpus": os.cpu_count(), "lane_bytes": size, "cpu_s": cpu,
+                              "bundled_openssh": m.bundled, "rate_bps": args.rate}
+    for root in envs:
+        res = report(root, rounds[root], stages[root],
+                     f"{size} bytes in src's site-packages (nvidia)",
+                     f"{args.rate / 1e6:.0f} MB/s (payload)", args.extra)
+        bare_med = statistics.median(r["bare"] for r in rounds[root])
+        print(f"the bare pipeline (ssh src tar | zstd -1 -T0 | ssh dst 'zstd -d | tar x'): "
+              f"{bare_med:.2f}s, ratio {bare_med / res['medians']['scp']:.2f}")  # type: ignore
+        out[root or "tool"] = {**res, "stages": stages[root]}
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+def scp_hops(m: Machine, site: Path, dst_home: str) -> tuple[float, float]:
+    """The story's two `scp -r` hops of src's site-packages/nvidia; seconds, machine CPU-s."""
+    scratch = m.work / "scp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    dst = f"{dst_home}/scp-dst"
+    shutil.rmtree(dst, ignore_errors=True)
+    Path(dst).mkdir()
+    c0, t0 = busy_cpu_s(), time.monotonic()
+    m.scp("-P", str(m.ports["src"][0]), f"root@127.0.0.1:{site}/nvidia", str(scratch))
+    m.scp("-P", str(m.ports["dst"][0]), str(scratch / "nvidia"), f"root@127.0.0.1:{dst}/")
+    took, cpu = time.monotonic() - t0, busy_cpu_s() - c0
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(dst, ignore_errors=True)
+    return took, cpu
+
+
+def bare_pipe(m: Machine, site: Path, dst_home: str) -> tuple[float, float]:
+    """The issue's bare pipeline (no hashing, cache, backup or swap): `ssh src tar | zstd -1
+    -T0 | ssh dst 'zstd -d | tar x'`; seconds, machine CPU-s."""
+    dst = f"{dst_home}/bare-dst"
+    shutil.rmtree(dst, ignore_errors=True)
+    Path(dst).mkdir()
+    def ssh(name: str) -> list[str]:
+        return ["ssh", *m.opts(), "-p", str(m.ports[name][0]), "root@127.0.0.1"]
+    c0, t0 = busy_cpu_s(), time.monotonic()
+    src = subprocess.Popen([*ssh("src"), f"tar -C {site} -cf - nvidia"], stdout=subprocess.PIPE,
+                           env=m.env())
+    zst = subprocess.Popen([m.paths["zstd"], "-q", "-1", "-T0"], stdin=src.stdout,
+                           stdout=subprocess.PIPE)
+    dst_p = subprocess.Popen([*ssh("dst"), f"zstd -q -d | tar -C {dst} -xf -"], stdin=zst.stdout,
+                             env=m.env())
+    assert src.stdout is not None and zst.stdout is not None
+    src.stdout.close()
+    zst.stdout.close()
+    codes = [p.wait(timeout=900) for p in (src, zst, dst_p)]
+    took, cpu = time.monotonic() - t0, busy_cpu_s() - c0
+    if codes != [0, 0, 0]:
+        raise SystemExit(f"the bare pipeline failed: exit codes {codes}")
+    shutil.rmtree(dst, ignore_errors=True)
+    return took, cpu
 
 
 if __name__ == "__main__":

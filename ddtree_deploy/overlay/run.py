@@ -210,7 +210,7 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
             def go() -> None:
                 r.outcome = remote_apply.apply_plan(
                     d.transport, r.plan, lane.checks,  # type: ignore[arg-type]
-                    sudo=d.sudo, on_status=on_status, poll=0.2)
+                    sudo=d.sudo, on_status=on_status, poll=1.0)
 
             _guard(r, go)
             r.seconds["apply"] = round(time.monotonic() - t, 3)

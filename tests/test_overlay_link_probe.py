@@ -1,0 +1,69 @@
+"""The link probe: timed on the far host, over the bytes after the stream's start.
+
+The old probe took the difference of two sends' wall times (an empty one and 8 MiB) seen from
+the workstation; where a session's setup varies as much as the bytes take (a shaped 1 Gbit
+link: 8 MiB in 67 ms), that difference came out at or below zero, clamped to 84 GB/s
+(benchmarks/RESULTS.md, the many-core run's first try).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.overlay import wire
+from ddtree_deploy.remote import overlay_link_probe
+from ddtree_deploy.transport import LocalTransport
+from ddtree_deploy.transport.base import Result
+from ddtree_deploy.transport.command import Command
+
+MiB = 1024 * 1024
+
+
+def _probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, skip: int,
+           clock: list[float], capsys: pytest.CaptureFixture[str]) -> dict[str, float]:
+    src = tmp_path / "in"
+    src.write_bytes(data)
+    ticks = iter(clock)
+    monkeypatch.setattr(overlay_link_probe.time, "monotonic", lambda: next(ticks))
+    with src.open("rb") as fh:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(fh))
+        assert overlay_link_probe.main([str(skip)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_only_the_bytes_after_the_first_skip_are_timed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # reads of 1 MiB: the second passes 2 MiB and starts the clock (10.0), EOF stops it (10.5)
+    out = _probe(tmp_path, monkeypatch, bytes(5 * MiB), 2 * MiB, [10.0, 10.5], capsys)
+    assert out == {"bytes": 3 * MiB, "seconds": 0.5, "received": 5 * MiB}
+
+
+def test_a_stream_shorter_than_skip_counts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = _probe(tmp_path, monkeypatch, bytes(MiB // 2), 2 * MiB, [3.0], capsys)
+    assert out == {"bytes": 0, "seconds": 0.0, "received": MiB // 2}
+
+
+class _Cut(LocalTransport):
+    """Delivers only the first half of a command's stdin (a stream cut on the way)."""
+
+    def run(self, cmd: Command | str, *, timeout: float | None = None) -> Result:
+        if isinstance(cmd, Command) and cmd.stdin is not None:
+            cmd = dataclasses.replace(cmd, stdin=cmd.stdin[: len(cmd.stdin) // 2])
+        return super().run(cmd, timeout=timeout)
+
+
+def test_the_probe_runs_on_the_host_and_a_cut_stream_is_an_error() -> None:
+    rate = wire.measure_link(LocalTransport(host="far"), 4 * MiB, python=sys.executable)
+    assert 0 < rate < float("inf")
+    with pytest.raises(DeployError, match=r"measuring the link: 2097152 of 4194304 bytes"):
+        wire.measure_link(_Cut(host="far"), 4 * MiB, python=sys.executable)
