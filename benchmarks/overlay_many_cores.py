@@ -259,7 +259,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the result as JSON")
     ap.add_argument("--roots", nargs="+", default=[], metavar="ROOT",
                     help="checkouts of the tool to compare (PYTHONPATH=ROOT), in turn each round")
-    ap.add_argument("--cli", default=f"{sys.executable} -m ddtree_deploy.cli",
+    ap.add_argument("--cli", default=f"{sys.executable} -P -m ddtree_deploy.cli",
                     help="how to run ddtree-deploy")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="ovl-many-"))
@@ -293,6 +293,11 @@ def run(args: argparse.Namespace, m: Machine, hosts: Path, names: list[str]) -> 
                       "XDG_STATE_HOME": str(work / "state"),
                       "XDG_CONFIG_HOME": str(work / "config"), **({"PYTHONPATH": path}
                                                                   if path else {})}
+
+    for root, env in envs.items():  # which checkout each root's CLI imports (-P: not cwd's)
+        where = subprocess.run([sys.executable, "-P", "-c", "import ddtree_deploy as d; "
+                                "print(d.__file__)"], env=env, capture_output=True, text=True)
+        print(f"root {root or '(installed)'}: imports {where.stdout.strip()}", flush=True)
 
     def clone(host: str, venv: str, env: dict[str, str]) -> None:
         fresh_venv(venv)

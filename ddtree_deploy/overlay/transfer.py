@@ -25,6 +25,7 @@ lane").
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tarfile
@@ -185,6 +186,8 @@ def fetch(
         ZSTD_FLAGS if compress else "", stdin=listing, sudo=sudo,
     )  # fmt: skip
     rfd, wfd = os.pipe()
+    with contextlib.suppress(OSError):  # a pause of the reader here does not stop the source
+        fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), CHUNK)
     writer = _PipeWriter(wfd, forward)
     outcome: list[Result | BaseException] = []
 
