@@ -170,7 +170,7 @@ def test_the_source_sample_measures_ratio_cpu_and_cores(tmp_path: Path,
         pytest.skip("zstd is needed on the source")
     sp, files = _venv(tmp_path / "src", compressible=compressible)
     sample = wire.measure_source(LocalTransport(host="src"), PY, str(sp),
-                                 [(e.path, e.size) for e in files], flags="-3 --long=27")
+                                 [(e.path, e.size) for e in files], flags="-1 --long=27")
     assert sample.zstd and sample.cpus == len(os.sched_getaffinity(0))
     assert (sample.ratio > 5) if compressible else (sample.ratio < 1.05)
     assert sample.compress_cpu > 0 and sample.decompress_cpu >= 0 and sample.load >= 0

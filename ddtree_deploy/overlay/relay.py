@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +52,6 @@ from ddtree_deploy.transport.base import Result, Transport
 from ddtree_deploy.transport.command import Command
 
 PARALLEL = 4  # targets served at once from the cache
-FORWARD_DEPTH = 128  # chunks queued per target (each at most the transport's read: 256 KiB)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -86,12 +84,7 @@ Compress = Callable[[], wire.Choice]
 
 
 class _Forward:
-    """One target's receiver fed from the source's stream while the stream arrives.
-
-    The stream's chunks wait in a queue of their own (at most FORWARD_DEPTH of them) for a
-    thread that writes them into the receiver's pipe: a pause on one link (the target's
-    receiver syncing a batch, say) does not stop the other, until the queue is full.
-    """
+    """One target's receiver fed from the source's stream while the stream arrives."""
 
     def __init__(self, dest: Destination, need: list[FileEntry]) -> None:
         self.dest = dest
@@ -102,8 +95,6 @@ class _Forward:
         self.result: Result | None = None
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
-        self.sender: threading.Thread | None = None
-        self.queue: queue.Queue[bytes | None] = queue.Queue(FORWARD_DEPTH)
         self.verified: set[str] | None = None
 
     def start(self, compressed: bool) -> None:
@@ -127,35 +118,20 @@ class _Forward:
 
         self.thread = threading.Thread(target=run, name=f"forward-{d.label}", daemon=True)
         self.thread.start()
-        self.sender = threading.Thread(target=self._send, name=f"send-{d.label}", daemon=True)
-        self.sender.start()
-
-    def _send(self) -> None:
-        """Write the queued chunks into the receiver's pipe; once it stops reading, drop
-        them (still taking them off the queue, so that `feed` never waits on a dead one)."""
-        while (data := self.queue.get()) is not None:
-            if self.dead or self.fd is None:
-                continue
-            view = memoryview(data)
-            try:
-                while view:
-                    view = view[os.write(self.fd, view):]
-            except OSError:  # the receiver stopped reading: it says why in its answer
-                self.dead = True
-                continue
-            self.count += len(data)
 
     def feed(self, data: bytes) -> None:
-        if self.dead or self.sender is None:
+        if self.dead or self.fd is None:
             return
-        self.queue.put(bytes(data))
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError:  # the receiver stopped reading: it says why in its answer
+            self.dead = True
+            return
+        self.count += len(data)
 
     def finish(self) -> None:
-        if self.sender is not None:
-            if self.sender.is_alive():
-                self.queue.put(None)
-                self.sender.join()
-            self.sender = None
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)

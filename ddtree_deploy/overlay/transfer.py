@@ -25,7 +25,6 @@ lane").
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import tarfile
@@ -53,11 +52,10 @@ from ddtree_deploy.remote.runner import failure, read_json, run_json
 from ddtree_deploy.transport.base import Result, Transport
 from ddtree_deploy.transport.command import Command
 
-# The source's stream: -3, no --long. On the whole lane (1.24 GB, zstd 1.5.4, 2 threads)
-# -3 shrinks 1.474x in 5.2 s where -1 --long=27 shrank 1.462x in 5.3 s (-1: 1.432x, 3.7 s);
-# and --long=27's 128 MiB window makes `-T0` cut the stream into 512 MiB jobs, one thread
-# each: on 16 cores the stream ran at one core's speed (benchmarks/RESULTS.md, run H).
-ZSTD_FLAGS = "-3"
+# The source's stream. Tried in run H (benchmarks/RESULTS.md): -3 without --long, on the
+# 16-core host, sent 825 MB for the lane where -1 --long=27 sent 800 MB, and its stream was
+# no faster (the stream is link-bound there, not compressor-bound): kept -1 --long=27.
+ZSTD_FLAGS = "-1 --long=27"
 WINDOW_LOG = 27
 CHECK_TIMEOUT = 3600.0
 
@@ -186,8 +184,6 @@ def fetch(
         ZSTD_FLAGS if compress else "", stdin=listing, sudo=sudo,
     )  # fmt: skip
     rfd, wfd = os.pipe()
-    with contextlib.suppress(OSError):  # a pause of the reader here does not stop the source
-        fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), CHUNK)
     writer = _PipeWriter(wfd, forward)
     outcome: list[Result | BaseException] = []
 
