@@ -30,7 +30,18 @@ separation user and /run/sshd when missing, and zstd and python3 in /usr/local/b
 the hosts' sessions find none (removed at the end).
 
     python benchmarks/overlay_many_cores.py --site /opt/torch/.venv/lib/python3.12/site-packages \
-        [--tools .ovlcarry/tools --device-setup] [--rounds 3] [--extra 2] [--out result.json]
+        [--tools .ovlcarry/tools --device-setup] [--rounds 3] [--extra 2] [--out result.json] \
+        [--roots BEFORE AFTER]
+
+For the GPU host (run H in benchmarks/RESULTS.md), prepared here in the git-ignored .ovlcarry/:
+`.venv/bin/python benchmarks/overlay_many_cores.py --bundle-tools .ovlcarry/tools`; the tool's
+missing dependencies as cp312 wheels (`pip download --no-deps --only-binary=:all:
+--python-version 3.12 --platform manylinux_2_28_x86_64 ... -d .ovlcarry/whl` with uv.lock's
+versions of pydantic, pydantic-core, annotated-types, typing-inspection, fabric, invoke,
+paramiko, bcrypt, cryptography, cffi, pycparser, pynacl, deprecated, zstandard, ruamel-yaml,
+typer, rich, shellingham, typing-extensions); a `git archive COMMIT ddtree_deploy` for each
+other root. There, with `.ovlcarry` carried: `pip install --no-deps --target /tmp/site
+.ovlcarry/whl/*.whl`, PYTHONPATH=/tmp/site:$PWD, then the command above.
 """
 
 from __future__ import annotations
@@ -200,6 +211,34 @@ class Machine:
             path.unlink(missing_ok=True)
 
 
+def bundle_tools(dest: Path) -> None:
+    """Copy this machine's OpenSSH, sftp-server and zstd with every library they load (ldd)
+    and the loader into dest/bin and dest/lib (what --tools reads on a machine without them)."""
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    (dest / "lib").mkdir(exist_ok=True)
+    libs: set[str] = set()
+    for name in TOOLS:
+        found = shutil.which(name, path=_sbin_path()) if name != "sftp-server" else next(
+            (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
+             if Path(p).exists()), None)
+        if found is None:
+            raise SystemExit(f"no {name} here to bundle")
+        shutil.copy2(found, dest / "bin" / name)
+        for line in subprocess.run(["ldd", found], capture_output=True, text=True,
+                                   check=True).stdout.splitlines():
+            parts = line.split()
+            path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0]
+            if path.startswith("/"):
+                libs.add(path)
+    for lib in libs:
+        target = dest / "lib" / Path(lib).name
+        shutil.copy(lib, target)  # follows the symlink: the file under its soname
+    loader = dest / "lib" / "ld-linux-x86-64.so.2"
+    if not loader.exists():
+        raise SystemExit("no ld-linux-x86-64.so.2 among the libraries: not an x86-64 glibc system")
+    print(f"bundled {len(TOOLS)} programs and {len(libs)} libraries into {dest}")
+
+
 def _sbin_path() -> str:
     return f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin:/usr/local/sbin"
 
@@ -248,6 +287,8 @@ def busy_cpu_s() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle-tools", metavar="DIR",
+                    help="only copy this machine's OpenSSH and zstd (and their libraries) to DIR")
     ap.add_argument("--site", type=Path, required=True,
                     help="a site-packages holding the lane's four distributions")
     ap.add_argument("--rounds", type=int, default=3)
@@ -261,6 +302,9 @@ def main() -> None:
                     help="checkouts of the tool to compare (PYTHONPATH=ROOT), in turn each round")
     ap.add_argument("--cli", default=f"{sys.executable} -P -m ddtree_deploy.cli",
                     help="how to run ddtree-deploy")
+    if "--bundle-tools" in sys.argv:  # run here, before a device call: nothing else needed
+        bundle_tools(Path(sys.argv[sys.argv.index("--bundle-tools") + 1]))
+        return
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="ovl-many-"))
     names = ["src", "dst"] + [f"dst{i + 2}" for i in range(args.extra)]
