@@ -74,7 +74,7 @@ class Machine:
                  device_setup: bool) -> None:
         self.work, self.names, self.rate = work, names, rate
         self.bin = work / "bin"
-        self.bin.mkdir(parents=True)
+        self.bin.mkdir(parents=True, exist_ok=True)
         self.bundled = tools is not None and shutil.which("sshd", path=_sbin_path()) is None
         self.paths = self._tools(tools)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -289,7 +289,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle-tools", metavar="DIR",
                     help="only copy this machine's OpenSSH and zstd (and their libraries) to DIR")
-    ap.add_argument("--site", type=Path, required=True,
+    ap.add_argument("--site", type=Path,
                     help="a site-packages holding the lane's four distributions")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--extra", type=int, default=2, help="fleet targets besides dst")
@@ -302,10 +302,12 @@ def main() -> None:
                     help="checkouts of the tool to compare (PYTHONPATH=ROOT), in turn each round")
     ap.add_argument("--cli", default=f"{sys.executable} -P -m ddtree_deploy.cli",
                     help="how to run ddtree-deploy")
-    if "--bundle-tools" in sys.argv:  # run here, before a device call: nothing else needed
-        bundle_tools(Path(sys.argv[sys.argv.index("--bundle-tools") + 1]))
-        return
     args = ap.parse_args()
+    if args.bundle_tools:  # run here, before a device call: nothing else is done
+        bundle_tools(Path(args.bundle_tools))
+        return
+    if args.site is None:
+        ap.error("--site is needed (or --bundle-tools DIR)")
     work = args.work or Path(tempfile.mkdtemp(prefix="ovl-many-"))
     names = ["src", "dst"] + [f"dst{i + 2}" for i in range(args.extra)]
     m = Machine(work, names, args.rate, args.tools, args.device_setup)
@@ -330,8 +332,8 @@ def run(args: argparse.Namespace, m: Machine, hosts: Path, names: list[str]) -> 
             str(lane_file(work, src_venv)), "--json"]
     envs = {}
     for i, root in enumerate(args.roots or [""]):  # each its own OpenSSH masters (run/)
-        (work / f"run{i}").mkdir(mode=0o700)
-        path = f"{root}:{os.environ.get('PYTHONPATH', '')}" if root else None
+        (work / f"run{i}").mkdir(mode=0o700, exist_ok=True)
+        path = ":".join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p) or None
         envs[root] = {**m.env(), "XDG_CACHE_HOME": str(work / "cache"),
                       "XDG_RUNTIME_DIR": str(work / f"run{i}"),
                       "XDG_STATE_HOME": str(work / "state"),
@@ -351,7 +353,8 @@ def run(args: argparse.Namespace, m: Machine, hosts: Path, names: list[str]) -> 
 
     homes = {n: m.home(n) for n in names}
     hs = Hosts(clone, remove, "dst", names[1:], home=homes.__getitem__)
-    stages = {r: {"cold": [], "warm": [], "unchanged": [], "fleet": []} for r in envs}
+    stages: dict[str, dict[str, list[dict]]] = {
+        r: {"cold": [], "warm": [], "unchanged": [], "fleet": []} for r in envs}
     rounds: dict[str, list[dict[str, float]]] = {r: [] for r in envs}
     cpu: list[dict[str, float]] = []
     for n in range(args.rounds):

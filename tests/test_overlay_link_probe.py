@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.overlay import wire
+from ddtree_deploy.overlay import relay, wire
 from ddtree_deploy.remote import overlay_link_probe
+from ddtree_deploy.remote.runner import RemoteScriptTimeout
 from ddtree_deploy.transport import LocalTransport
 from ddtree_deploy.transport.base import Result
 from ddtree_deploy.transport.command import Command
@@ -67,3 +68,30 @@ def test_the_probe_runs_on_the_host_and_a_cut_stream_is_an_error() -> None:
     assert 0 < rate < float("inf")
     with pytest.raises(DeployError, match=r"measuring the link: 2097152 of 4194304 bytes"):
         wire.measure_link(_Cut(host="far"), 4 * MiB, python=sys.executable)
+
+
+def test_a_probe_that_times_out_gives_the_links_upper_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def slow(*args: object, **kwargs: object) -> dict[str, object]:
+        raise RemoteScriptTimeout("far: measuring the link failed", problem="timeout")
+
+    monkeypatch.setattr(wire, "run_json", slow)
+    assert wire.measure_link(LocalTransport(host="far"), 4 * MiB, timeout=8.0) == 4 * MiB / 8.0
+
+
+def test_a_link_not_measured_makes_the_stream_plain_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[dict[str, object]] = []
+
+    def broken(t: object, *args: object, **kwargs: object) -> float:
+        asked.append(kwargs)
+        raise DeployError("far: measuring the link: no runnable python")
+
+    monkeypatch.setattr(wire, "measure_link", broken)
+    monkeypatch.setattr(wire, "measure_source", lambda *a, **k: wire.Sample(True, 2.0, 5e8))
+    choice = relay._source_choice(LocalTransport(host="far"), "/sp", [], [], "/v/bin/python",
+                                  True, "auto", None)
+    assert not choice.compress
+    assert choice.reason == ("the link to far was not measured: far: measuring the link: "
+                             "no runnable python")
+    assert asked == [{"python": "/v/bin/python", "sudo": True}]  # as the venv's python runs

@@ -24,7 +24,7 @@ from ddtree_deploy.errors import DeployError, RefusedError, RemoteCommandError, 
 from ddtree_deploy.overlay.lanefile import LaneChecks
 from ddtree_deploy.overlay.model import OverlayPlan
 from ddtree_deploy.remote.bundle import OVERLAY_APPLY
-from ddtree_deploy.remote.runner import run_json
+from ddtree_deploy.remote.runner import RemoteScriptError, run_json
 from ddtree_deploy.transport.base import Transport
 from ddtree_deploy.transport.command import Command
 
@@ -137,10 +137,19 @@ def wait(t: Transport, venv: str, token: str, *, timeout: float = 3600.0, poll: 
     """Poll the target until the run `token` has a result (reattaching works the same)."""
     start = time.monotonic()
     seen = False
+    poll = max(poll, 0.05)
+    waits = True
     while True:
         # the host waits up to `poll` for the result itself: no round trip's lag after it
         asked = time.monotonic()
-        status = _call(t, venv, "status", "--token", token, "--wait", f"{poll:g}", sudo=sudo)
+        try:
+            status = _call(t, venv, "status", "--token", token,
+                           *(("--wait", f"{poll:g}") if waits else ()), sudo=sudo)
+        except RemoteScriptError as exc:  # the venv's script is another version's, which
+            if not waits or "--wait" not in (exc.result.stderr if exc.result else ""):
+                raise                     # has no --wait: ask as it understands
+            waits = False
+            continue
         if on_status is not None:
             on_status(status)
         result = status.get("token_result")
@@ -157,7 +166,8 @@ def wait(t: Transport, venv: str, token: str, *, timeout: float = 3600.0, poll: 
         if elapsed > timeout:
             raise DeployError(f"{t.host}: the overlay run {token[:12]} is still going after "
                               f"{timeout:g}s; it continues on the host",
-                              hint="`ddtree-deploy overlay status` shows how it ends")
+                              hint="`ddtree-deploy overlay history HOST --venv VENV` "
+                                   "shows how it ended")
         if time.monotonic() - asked < poll / 2:  # answered at once, no result: pace the calls
             time.sleep(poll)
 
@@ -175,7 +185,7 @@ def _raise_for(host: str, outcome: ApplyOutcome, *, ok: tuple[str, ...]) -> Appl
     if outcome.result == "no-space":
         raise RefusedError(message, hint="free space on the target or stage less")
     if outcome.result == "busy":
-        raise RefusedError(message, hint="wait for the other run, or see `overlay status`")
+        raise RefusedError(message, hint="wait for the other run, then see `overlay history`")
     raise DeployError(message)
 
 

@@ -290,7 +290,10 @@ def _source_choice(source: Transport, site_packages: str, files: list[FileEntry]
     if not sample.zstd:
         why = f" ({sample.why})" if sample.why else ""
         return wire.Choice(False, f"no usable zstd on {source.host}{why}")
-    link = link_bps or wire.measure_link(source, python=python)
+    try:
+        link = link_bps or wire.measure_link(source, python=python, sudo=sudo)
+    except DeployError as exc:  # the choice's input only: the stream goes plain, saying why
+        return wire.Choice(False, f"the link to {source.host} was not measured: {exc}")
     here = sample.cpus_with(usable_cpus(), os.getloadavg()[0])
     return wire.choose(link, sample.ratio, sample.speed_bps, here)
 
@@ -306,5 +309,8 @@ def _cache_choice(d: Destination, need: list[FileEntry], cache: BlobCache, compr
     payload = sum(e.size for e in need)
     stored = sum(cache.stored_size(e.sha256) for e in need)
     ratio = payload / max(stored, 1)
-    link = link_bps or wire.measure_link(d.transport, python=d.python)
+    try:
+        link = link_bps or wire.measure_link(d.transport, python=d.python, sudo=d.sudo)
+    except DeployError as exc:
+        return wire.Choice(False, f"the link to {d.transport.host} was not measured: {exc}")
     return wire.choose(link, ratio, float("inf"))

@@ -6,8 +6,9 @@ shrinks enough to matter: CUDA 13 libraries barely shrink, torch's do; a loopbac
 and "Overlay on the real CUDA 13 lane"). So before a stream, three numbers are
 measured:
 
-- the link: bytes per second arriving on the far host, timed there over the stream's own
-  flow (remote/overlay_link_probe.py: 16 MiB of random bytes, the first 2 MiB untimed);
+- the link: bytes per second arriving on the far host, timed there (remote/
+  overlay_link_probe.py: 16 MiB of random bytes, the first quarter untimed), taken as the
+  same both ways; where it cannot be measured the stream goes plain and says why;
 - the ratio and the compressor's speed, on a sample of the data itself: on the
   source with its `zstd -T0` and the stream's flags (remote/overlay_sample.py; the source
   compresses its stream), or here with
@@ -42,11 +43,11 @@ import zstandard
 
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.remote.bundle import text
-from ddtree_deploy.remote.runner import run_json
+from ddtree_deploy.remote.runner import RemoteScriptTimeout, run_json
 from ddtree_deploy.transport.base import Transport
 
 LINK_PROBE = 16 << 20
-LINK_SKIP = 2 << 20  # not timed: the stream's start (see measure_link)
+LINK_TIMEOUT = 60.0  # a probe still going then: the link is slower than LINK_PROBE/this
 SAMPLE_BYTES = 16 << 20
 GAIN = 0.9  # compressed must take at most this fraction of the plain time
 
@@ -119,18 +120,30 @@ def choose(link_bps: float, ratio: float, speed_bps: float, cpus: Cpus | None = 
                   **extra)
 
 
-def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "python3") -> float:
+def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "python3",
+                 sudo: bool = False, timeout: float = LINK_TIMEOUT) -> float:
     """Bytes per second from here to t's host, timed there (remote/overlay_link_probe.py) over
-    the bytes after the first LINK_SKIP of `nbytes` random ones: neither the session's setup
-    nor what the pipes and TCP buffered at once is in it."""
-    skip = min(LINK_SKIP, nbytes // 4)
-    data = run_json(t, text("overlay_link_probe.py"), (str(skip),), python=python,
-                    stdin=os.urandom(nbytes), timeout=120, what="measuring the link")
-    counted, received = int(data.get("bytes", 0)), int(data.get("received", 0))
+    the bytes after the first quarter of `nbytes` random ones: neither the session's setup
+    nor what the pipes and buffers on the way held when the clock started is in it. The link
+    is taken as equally fast both ways (the source's stream flows toward here). A link so
+    slow that the probe does not end within `timeout` is given as that bound (at most
+    nbytes/timeout). DeployError when the probe fails otherwise."""
+    skip = nbytes // 4
+    try:
+        data = run_json(t, text("overlay_link_probe.py"), (str(skip),), python=python,
+                        stdin=os.urandom(nbytes), timeout=timeout, sudo=sudo,
+                        what="measuring the link")
+    except RemoteScriptTimeout:
+        return nbytes / timeout
+    try:
+        counted, received = int(data.get("bytes", 0)), int(data.get("received", 0))
+        seconds = float(data.get("seconds", 0.0))
+    except (TypeError, ValueError) as exc:
+        raise DeployError(f"{t.host}: measuring the link: an odd answer ({exc})") from exc
     if received != nbytes or counted <= 0:
         raise DeployError(f"{t.host}: measuring the link: {received} of {nbytes} bytes "
                           "arrived")
-    return counted / max(float(data.get("seconds", 0.0)), 1e-3)
+    return counted / max(seconds, 1e-3)
 
 
 def measure_local(samples: Iterable[bytes]) -> tuple[float, float]:

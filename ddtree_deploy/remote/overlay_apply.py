@@ -1,6 +1,7 @@
 """Apply an overlay on the target: run there with the venv's python, stdlib only.
 
-    python overlay_apply.py --venv V apply REQUEST.json | rollback [--token T] | status | history
+    python overlay_apply.py --venv V [--token T] apply REQUEST.json | rollback | history
+    python overlay_apply.py --venv V [--token T [--wait SECONDS]] status
 
 Crash-consistent by construction. Everything lives inside the venv
 (<venv>/.ddtree-deploy/overlay), so staging, backups and site-packages share one file

@@ -1,13 +1,14 @@
-"""On a host: how fast bytes arrive over the link, timed here, from the stream's own flow.
+"""On a host: how fast bytes arrive over the link, timed here, on this host's clock.
 
     python -c "$(this file)" SKIP   < random bytes
 
 Reads stdin to its end. The first SKIP bytes are not timed (the connection's and the session's
 start, TCP's slow start, the bytes already buffered on the way); the clock runs from the read
-that passed SKIP to the last one. Prints {"bytes": n, "seconds": s}: n bytes arrived in s
-seconds after the first SKIP. Timing here, on one clock, leaves out what the sender's side
-adds (the session's setup, which on a fast link takes as long as the bytes: the old probe's
-difference of two sends could come out zero or negative). Sent as it is (not bundled):
+that passed SKIP to the last one. Prints {"bytes": n, "seconds": s, "received": r}: n bytes
+arrived in s seconds after the read that passed SKIP, r bytes in all. Timing here, on one
+clock, leaves out what the sender's side adds (the session's setup, which on a fast link takes
+as long as the bytes: the old probe's difference of two sends could come out zero or
+negative). Sent as it is (not bundled):
 Python >= 3.8 syntax, stdlib only.
 """
 
