@@ -87,7 +87,7 @@ def test_a_link_not_measured_makes_the_stream_plain_and_says_why(
         asked.append(kwargs)
         raise DeployError("far: measuring the link: no runnable python")
 
-    monkeypatch.setattr(wire, "measure_link", broken)
+    monkeypatch.setattr(wire, "measure_link_down", broken)  # the source's: its stream's way
     monkeypatch.setattr(wire, "measure_source", lambda *a, **k: wire.Sample(True, 2.0, 5e8))
     choice = relay._source_choice(LocalTransport(host="far"), "/sp", [], [], "/v/bin/python",
                                   True, "auto", None)
@@ -95,3 +95,20 @@ def test_a_link_not_measured_makes_the_stream_plain_and_says_why(
     assert choice.reason == ("the link to far was not measured: far: measuring the link: "
                              "no runnable python")
     assert asked == [{"python": "/v/bin/python", "sudo": True}]  # as the venv's python runs
+
+
+def test_the_sources_probe_times_here_the_bytes_after_the_first_quarter() -> None:
+    ticks = iter([1.0, 1.5, 2.0])  # the clock is read from the write that passes the skip
+    sink = wire._Timed(2 * MiB, clock=lambda: next(ticks))
+    for _ in range(4):
+        sink.write(bytes(MiB))  # the 2nd write passes 2 MiB: the clock starts (1.0)
+    assert (sink.got, sink.counted, sink.start, sink.end) == (4 * MiB, 2 * MiB, 1.0, 2.0)
+    assert sink.rate() == 2 * MiB / 1.0
+    assert wire._Timed(8 * MiB).rate() is None  # nothing came
+
+
+def test_the_sources_probe_runs_there_and_a_failing_python_is_an_error() -> None:
+    rate = wire.measure_link_down(LocalTransport(host="src"), 4 * MiB, python=sys.executable)
+    assert 0 < rate < float("inf")
+    with pytest.raises(DeployError, match=r"src: measuring the link failed \(exit 1\)"):
+        wire.measure_link_down(LocalTransport(host="src"), 4 * MiB, python="false")

@@ -291,7 +291,7 @@ def _source_choice(source: Transport, site_packages: str, files: list[FileEntry]
         why = f" ({sample.why})" if sample.why else ""
         return wire.Choice(False, f"no usable zstd on {source.host}{why}")
     try:
-        link = link_bps or wire.measure_link(source, python=python, sudo=sudo)
+        link = link_bps or wire.measure_link_down(source, python=python, sudo=sudo)
     except DeployError as exc:  # the choice's input only: the stream goes plain, saying why
         return wire.Choice(False, f"the link to {source.host} was not measured: {exc}")
     here = sample.cpus_with(usable_cpus(), os.getloadavg()[0])

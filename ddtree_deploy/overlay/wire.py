@@ -6,9 +6,10 @@ shrinks enough to matter: CUDA 13 libraries barely shrink, torch's do; a loopbac
 and "Overlay on the real CUDA 13 lane"). So before a stream, three numbers are
 measured:
 
-- the link: bytes per second arriving on the far host, timed there (remote/
-  overlay_link_probe.py: 16 MiB of random bytes, the first quarter untimed), taken as the
-  same both ways; where it cannot be measured the stream goes plain and says why;
+- the link, the way the stream goes (remote/overlay_link_probe.py: 16 MiB of random bytes,
+  the first quarter untimed): from the source, timed here as they arrive (`measure_link_down`);
+  toward a target, timed there (`measure_link`); where it cannot be measured the stream goes
+  plain and says why;
 - the ratio and the compressor's speed, on a sample of the data itself: on the
   source with its `zstd -T0` and the stream's flags (remote/overlay_sample.py; the source
   compresses its stream), or here with
@@ -36,14 +37,14 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import zstandard
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import CommandTimeout, DeployError
 from ddtree_deploy.remote.bundle import text
-from ddtree_deploy.remote.runner import RemoteScriptTimeout, run_json
+from ddtree_deploy.remote.runner import RemoteScriptTimeout, failure, run_json, script_command
 from ddtree_deploy.transport.base import Transport
 
 LINK_PROBE = 16 << 20
@@ -124,8 +125,7 @@ def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "pytho
                  sudo: bool = False, timeout: float = LINK_TIMEOUT) -> float:
     """Bytes per second from here to t's host, timed there (remote/overlay_link_probe.py) over
     the bytes after the first quarter of `nbytes` random ones: neither the session's setup
-    nor what the pipes and buffers on the way held when the clock started is in it. The link
-    is taken as equally fast both ways (the source's stream flows toward here). A link so
+    nor what the pipes and buffers on the way held when the clock started is in it. A link so
     slow that the probe does not end within `timeout` is given as that bound (at most
     nbytes/timeout). DeployError when the probe fails otherwise."""
     skip = nbytes // 4
@@ -144,6 +144,51 @@ def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "pytho
         raise DeployError(f"{t.host}: measuring the link: {received} of {nbytes} bytes "
                           "arrived")
     return counted / max(seconds, 1e-3)
+
+
+class _Timed:
+    """Where the source's probe bytes land here: counts them, and times (on this clock) the
+    ones after the first `skip`, from the write that passed it to the last write."""
+
+    def __init__(self, skip: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.skip, self.clock = skip, clock
+        self.got = self.counted = 0
+        self.start: float | None = None
+        self.end = 0.0
+
+    def write(self, data: bytes) -> int:
+        self.got += len(data)
+        if self.start is not None:
+            self.end = self.clock()
+        elif self.got >= self.skip:
+            self.start = self.end = self.clock()
+            self.counted = self.got
+        return len(data)
+
+    def rate(self) -> float | None:
+        if self.start is None or self.got <= self.counted:
+            return None
+        return (self.got - self.counted) / max(self.end - self.start, 1e-3)
+
+
+def measure_link_down(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "python3",
+                      sudo: bool = False, timeout: float = LINK_TIMEOUT) -> float:
+    """Bytes per second from t's host to here: the way the source's stream goes. The host
+    writes `nbytes` random bytes (remote/overlay_link_probe.py `send`); they are timed here
+    after the first quarter. A probe that does not end within `timeout` gives that bound."""
+    sink = _Timed(nbytes // 4)
+    cmd = script_command(text("overlay_link_probe.py"), ("send", str(nbytes)), python=python,
+                         sudo=sudo)
+    try:
+        res = t.run_stream_out(cmd, sink, timeout=timeout)  # type: ignore[arg-type]
+    except CommandTimeout:
+        return nbytes / timeout
+    if not res.ok:
+        raise failure(res, "measuring the link")
+    rate = sink.rate()
+    if sink.got != nbytes or rate is None:
+        raise DeployError(f"{t.host}: measuring the link: {sink.got} of {nbytes} bytes came")
+    return rate
 
 
 def measure_local(samples: Iterable[bytes]) -> tuple[float, float]:

@@ -1,6 +1,8 @@
-"""On a host: how fast bytes arrive over the link, timed here, on this host's clock.
+"""On a host: the link probe's far end, toward this host or from it.
 
-    python -c "$(this file)" SKIP   < random bytes
+    python -c "$(this file)" SKIP   < random bytes     (toward this host: timed here)
+    python - send N                                    (from this host: N random bytes out,
+                                                        timed where they arrive)
 
 Reads stdin to its end. The first SKIP bytes are not timed (the connection's and the session's
 start, TCP's slow start, the bytes already buffered on the way); the clock runs from the read
@@ -15,11 +17,26 @@ Python >= 3.8 syntax, stdlib only.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 
+def send(n: int) -> int:
+    """n bytes out: one random MiB over and over (making them would be slower than a fast
+    link; a repeat 1 MiB apart is out of reach of ssh's compression, a 32 KiB window)."""
+    block = os.urandom(1 << 20)
+    out = sys.stdout.buffer
+    while n > 0:
+        out.write(block[:n])
+        n -= min(n, len(block))
+    out.flush()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "send":
+        return send(int(argv[1]))
     skip = int(argv[0])
     buf = bytearray(1 << 20)
     got = 0
