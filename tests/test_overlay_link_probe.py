@@ -13,10 +13,11 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import CommandTimeout, DeployError
 from ddtree_deploy.overlay import relay, wire
 from ddtree_deploy.remote import overlay_link_probe
 from ddtree_deploy.remote.runner import RemoteScriptTimeout
@@ -112,3 +113,24 @@ def test_the_sources_probe_runs_there_and_a_failing_python_is_an_error() -> None
     assert 0 < rate < float("inf")
     with pytest.raises(DeployError, match=r"src: measuring the link failed \(exit 1\)"):
         wire.measure_link_down(LocalTransport(host="src"), 4 * MiB, python="false")
+
+
+class _Down(LocalTransport):
+    """A source whose probe stream times out, or ends (exit 0) after half of its bytes."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(host="src")
+        self.how = how
+
+    def run_stream_out(self, cmd: Command | str, dst: BinaryIO, *,
+                       timeout: float | None = None) -> Result:
+        if self.how == "timeout":
+            raise CommandTimeout("src: the command did not finish in time")
+        dst.write(bytes(2 * MiB))
+        return Result(command="python - send", exit_code=0, stdout="", stderr="", duration=0.1)
+
+
+def test_the_sources_probe_timing_out_or_cut_short() -> None:
+    assert wire.measure_link_down(_Down("timeout"), 4 * MiB, timeout=8.0) == 4 * MiB / 8.0
+    with pytest.raises(DeployError, match=r"measuring the link: 2097152 of 4194304 bytes came"):
+        wire.measure_link_down(_Down("short"), 4 * MiB)

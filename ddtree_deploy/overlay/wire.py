@@ -6,10 +6,10 @@ shrinks enough to matter: CUDA 13 libraries barely shrink, torch's do; a loopbac
 and "Overlay on the real CUDA 13 lane"). So before a stream, three numbers are
 measured:
 
-- the link, the way the stream goes (remote/overlay_link_probe.py: 16 MiB of random bytes,
-  the first quarter untimed): from the source, timed here as they arrive (`measure_link_down`);
-  toward a target, timed there (`measure_link`); where it cannot be measured the stream goes
-  plain and says why;
+- the link, the way the stream goes (remote/overlay_link_probe.py: 16 MiB, the first quarter
+  untimed): from the source, one random MiB over and over, timed here as it arrives
+  (`measure_link_down`); toward a target, random bytes timed there (`measure_link`); where it
+  cannot be measured the stream goes plain and says why;
 - the ratio and the compressor's speed, on a sample of the data itself: on the
   source with its `zstd -T0` and the stream's flags (remote/overlay_sample.py; the source
   compresses its stream), or here with
@@ -131,7 +131,7 @@ def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "pytho
     skip = nbytes // 4
     try:
         data = run_json(t, text("overlay_link_probe.py"), (str(skip),), python=python,
-                        stdin=os.urandom(nbytes), timeout=timeout, sudo=sudo,
+                        flags=("-I",), stdin=os.urandom(nbytes), timeout=timeout, sudo=sudo,
                         what="measuring the link")
     except RemoteScriptTimeout:
         return nbytes / timeout
@@ -178,7 +178,7 @@ def measure_link_down(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "
     after the first quarter. A probe that does not end within `timeout` gives that bound."""
     sink = _Timed(nbytes // 4)
     cmd = script_command(text("overlay_link_probe.py"), ("send", str(nbytes)), python=python,
-                         sudo=sudo)
+                         flags=("-I",), sudo=sudo)  # -I: nothing of the host's folder imported
     try:
         res = t.run_stream_out(cmd, sink, timeout=timeout)  # type: ignore[arg-type]
     except CommandTimeout:
@@ -227,7 +227,7 @@ def measure_source(t: Transport, python: str, site_packages: str,
     """`zstd -T0 FLAGS` (the stream's) on the source's own data: ratio, speed, CPU, cores."""
     listing = json.dumps(files).encode()
     data = run_json(t, text("overlay_sample.py"), (site_packages, str(budget), flags),
-                    python=python, stdin=listing, sudo=sudo, timeout=120,
+                    python=python, flags=("-I",), stdin=listing, sudo=sudo, timeout=120,
                     what="measuring compression on the source")
     n = int(data.get("bytes", 0))
     if not data.get("zstd") or n == 0:

@@ -4,14 +4,18 @@
     python - send N                                    (from this host: N random bytes out,
                                                         timed where they arrive)
 
-Reads stdin to its end. The first SKIP bytes are not timed (the connection's and the session's
-start, TCP's slow start, the bytes already buffered on the way); the clock runs from the read
-that passed SKIP to the last one. Prints {"bytes": n, "seconds": s, "received": r}: n bytes
-arrived in s seconds after the read that passed SKIP, r bytes in all. Timing here, on one
-clock, leaves out what the sender's side adds (the session's setup, which on a fast link takes
-as long as the bytes: the old probe's difference of two sends could come out zero or
-negative). Sent as it is (not bundled):
-Python >= 3.8 syntax, stdlib only.
+Toward this host (SKIP): reads stdin to its end. The first SKIP bytes are not timed (the
+connection's and the session's start, TCP's slow start, the bytes already buffered on the
+way); the clock runs from the read that passed SKIP to the last one. Prints {"bytes": n,
+"seconds": s, "received": r}: n bytes arrived in s seconds after the read that passed SKIP, r
+bytes in all. Timing on the receiving side, on one clock, leaves out what the sender's side
+adds (the session's setup, which on a fast link takes as long as the bytes: the old probe's
+difference of two sends could come out zero or negative).
+
+From this host (send N): writes N bytes, one random MiB over and over, and prints nothing
+else; the workstation times them (overlay/wire.py `measure_link_down`).
+
+Sent as it is (not bundled): Python >= 3.8 syntax, stdlib only.
 """
 
 from __future__ import annotations
