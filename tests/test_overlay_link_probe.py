@@ -43,8 +43,10 @@ def _probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, skip: i
 def test_only_the_bytes_after_the_first_skip_are_timed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    # reads of 1 MiB: the second passes 2 MiB and starts the clock (10.0), EOF stops it (10.5)
-    out = _probe(tmp_path, monkeypatch, bytes(5 * MiB), 2 * MiB, [10.0, 10.5], capsys)
+    # reads of 1 MiB: the second passes 2 MiB and starts the clock (10.0), the fifth, the
+    # last, stops it (10.5)
+    out = _probe(tmp_path, monkeypatch, bytes(5 * MiB), 2 * MiB, [10.0, 10.1, 10.3, 10.5],
+                 capsys)
     assert out == {"bytes": 3 * MiB, "seconds": 0.5, "received": 5 * MiB}
 
 
@@ -100,12 +102,13 @@ def test_a_link_not_measured_makes_the_stream_plain_and_says_why(
 
 def test_the_sources_probe_times_here_the_bytes_after_the_first_quarter() -> None:
     ticks = iter([1.0, 1.5, 2.0])  # the clock is read from the write that passes the skip
-    sink = wire._Timed(2 * MiB, clock=lambda: next(ticks))
+    sink = overlay_link_probe.Arrivals(2 * MiB, clock=lambda: next(ticks))
     for _ in range(4):
         sink.write(bytes(MiB))  # the 2nd write passes 2 MiB: the clock starts (1.0)
     assert (sink.got, sink.counted, sink.start, sink.end) == (4 * MiB, 2 * MiB, 1.0, 2.0)
-    assert sink.rate() == 2 * MiB / 1.0
-    assert wire._Timed(8 * MiB).rate() is None  # nothing came
+    assert wire._rate("src", sink.answer(), 4 * MiB) == 2 * MiB / 1.0
+    with pytest.raises(DeployError, match="0 of 8388608 bytes"):  # nothing came
+        wire._rate("src", overlay_link_probe.Arrivals(8 * MiB).answer(), 8 * MiB)
 
 
 def test_the_sources_probe_runs_there_and_a_failing_python_is_an_error() -> None:
@@ -132,5 +135,5 @@ class _Down(LocalTransport):
 
 def test_the_sources_probe_timing_out_or_cut_short() -> None:
     assert wire.measure_link_down(_Down("timeout"), 4 * MiB, timeout=8.0) == 4 * MiB / 8.0
-    with pytest.raises(DeployError, match=r"measuring the link: 2097152 of 4194304 bytes came"):
+    with pytest.raises(DeployError, match=r"measuring the link: 2097152 of 4194304 bytes"):
         wire.measure_link_down(_Down("short"), 4 * MiB)

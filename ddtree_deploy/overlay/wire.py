@@ -37,14 +37,16 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import zstandard
 
 from ddtree_deploy.errors import CommandTimeout, DeployError
 from ddtree_deploy.remote.bundle import text
-from ddtree_deploy.remote.runner import RemoteScriptTimeout, failure, run_json, script_command
+from ddtree_deploy.remote.overlay_link_probe import Arrivals
+from ddtree_deploy.remote.runner import failure, run_json, script_command
 from ddtree_deploy.transport.base import Transport
 
 LINK_PROBE = 16 << 20
@@ -128,67 +130,44 @@ def measure_link(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "pytho
     nor what the pipes and buffers on the way held when the clock started is in it. A link so
     slow that the probe does not end within `timeout` is given as that bound (at most
     nbytes/timeout). DeployError when the probe fails otherwise."""
-    skip = nbytes // 4
     try:
-        data = run_json(t, text("overlay_link_probe.py"), (str(skip),), python=python,
-                        flags=("-I",), stdin=os.urandom(nbytes), timeout=timeout, sudo=sudo,
-                        what="measuring the link")
-    except RemoteScriptTimeout:
+        answer = run_json(t, text("overlay_link_probe.py"), (str(nbytes // 4),), python=python,
+                          flags=("-I",), stdin=os.urandom(nbytes), timeout=timeout, sudo=sudo,
+                          what="measuring the link")
+    except CommandTimeout:
         return nbytes / timeout
-    try:
-        counted, received = int(data.get("bytes", 0)), int(data.get("received", 0))
-        seconds = float(data.get("seconds", 0.0))
-    except (TypeError, ValueError) as exc:
-        raise DeployError(f"{t.host}: measuring the link: an odd answer ({exc})") from exc
-    if received != nbytes or counted <= 0:
-        raise DeployError(f"{t.host}: measuring the link: {received} of {nbytes} bytes "
-                          "arrived")
-    return counted / max(seconds, 1e-3)
-
-
-class _Timed:
-    """Where the source's probe bytes land here: counts them, and times (on this clock) the
-    ones after the first `skip`, from the write that passed it to the last write."""
-
-    def __init__(self, skip: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.skip, self.clock = skip, clock
-        self.got = self.counted = 0
-        self.start: float | None = None
-        self.end = 0.0
-
-    def write(self, data: bytes) -> int:
-        self.got += len(data)
-        if self.start is not None:
-            self.end = self.clock()
-        elif self.got >= self.skip:
-            self.start = self.end = self.clock()
-            self.counted = self.got
-        return len(data)
-
-    def rate(self) -> float | None:
-        if self.start is None or self.got <= self.counted:
-            return None
-        return (self.got - self.counted) / max(self.end - self.start, 1e-3)
+    return _rate(t.host, answer, nbytes)
 
 
 def measure_link_down(t: Transport, nbytes: int = LINK_PROBE, *, python: str = "python3",
                       sudo: bool = False, timeout: float = LINK_TIMEOUT) -> float:
     """Bytes per second from t's host to here: the way the source's stream goes. The host
-    writes `nbytes` random bytes (remote/overlay_link_probe.py `send`); they are timed here
-    after the first quarter. A probe that does not end within `timeout` gives that bound."""
-    sink = _Timed(nbytes // 4)
+    writes `nbytes` bytes (remote/overlay_link_probe.py `send`), timed here as they arrive,
+    after the first quarter (the same `Arrivals` as the host's side). Timeout and failure as
+    measure_link."""
+    arrivals = Arrivals(nbytes // 4)
     cmd = script_command(text("overlay_link_probe.py"), ("send", str(nbytes)), python=python,
                          flags=("-I",), sudo=sudo)  # -I: nothing of the host's folder imported
     try:
-        res = t.run_stream_out(cmd, sink, timeout=timeout)  # type: ignore[arg-type]
+        res = t.run_stream_out(cmd, arrivals, timeout=timeout)  # type: ignore[arg-type]
     except CommandTimeout:
         return nbytes / timeout
     if not res.ok:
         raise failure(res, "measuring the link")
-    rate = sink.rate()
-    if sink.got != nbytes or rate is None:
-        raise DeployError(f"{t.host}: measuring the link: {sink.got} of {nbytes} bytes came")
-    return rate
+    return _rate(t.host, arrivals.answer(), nbytes)
+
+
+def _rate(host: str, answer: dict[str, Any], nbytes: int) -> float:
+    """The rate in an `Arrivals` answer of a probe of `nbytes`; DeployError for a short or
+    odd one."""
+    try:
+        counted, received = int(answer["bytes"]), int(answer["received"])
+        seconds = float(answer["seconds"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DeployError(f"{host}: measuring the link: an odd answer ({exc!r})") from exc
+    if received != nbytes or counted <= 0:
+        raise DeployError(f"{host}: measuring the link: {received} of {nbytes} bytes arrived")
+    return counted / max(seconds, 1e-3)
 
 
 def measure_local(samples: Iterable[bytes]) -> tuple[float, float]:

@@ -6,14 +6,15 @@
 
 Toward this host (SKIP): reads stdin to its end. The first SKIP bytes are not timed (the
 connection's and the session's start, TCP's slow start, the bytes already buffered on the
-way); the clock runs from the read that passed SKIP to the last one. Prints {"bytes": n,
-"seconds": s, "received": r}: n bytes arrived in s seconds after the read that passed SKIP, r
-bytes in all. Timing on the receiving side, on one clock, leaves out what the sender's side
-adds (the session's setup, which on a fast link takes as long as the bytes: the old probe's
-difference of two sends could come out zero or negative).
+way); the clock runs from the read that passed SKIP to the last one (`Arrivals`). Prints
+{"bytes": n, "seconds": s, "received": r}: n bytes arrived in s seconds after the read that
+passed SKIP, r bytes in all. Timing on the receiving side, on one clock, leaves out what the
+sender's side adds (the session's setup, which on a fast link takes as long as the bytes: the
+old probe's difference of two sends could come out zero or negative).
 
 From this host (send N): writes N bytes, one random MiB over and over, and prints nothing
-else; the workstation times them (overlay/wire.py `measure_link_down`).
+else; the workstation times them with the same `Arrivals` (overlay/wire.py
+`measure_link_down`).
 
 Sent as it is (not bundled): Python >= 3.8 syntax, stdlib only.
 """
@@ -24,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 
 def send(n: int) -> int:
@@ -38,28 +40,47 @@ def send(n: int) -> int:
     return 0
 
 
+class Arrivals:
+    """Bytes as they arrive (`write`): all of them counted, those after the first `skip`
+    timed on `clock`, from the arrival that passed it to the last one. Used here (toward this
+    host) and by the workstation for the bytes `send` writes (overlay/wire.py)."""
+
+    def __init__(self, skip: int, clock: Callable[[], float] | None = None) -> None:
+        self.skip, self.clock = skip, clock or time.monotonic
+        self.got = self.counted = 0
+        self.start: float | None = None
+        self.end = 0.0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.got += len(data)
+        if self.start is not None:
+            self.end = self.clock()
+        elif self.got >= self.skip:
+            self.start = self.end = self.clock()
+            self.counted = self.got
+        return len(data)
+
+    def answer(self) -> dict:
+        """{"bytes": n, "seconds": s, "received": r}: n bytes timed over s seconds, r in all."""
+        if self.start is None:
+            return {"bytes": 0, "seconds": 0.0, "received": self.got}
+        return {"bytes": self.got - self.counted, "seconds": self.end - self.start,
+                "received": self.got}
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "send":
         return send(int(argv[1]))
-    skip = int(argv[0])
+    arrivals = Arrivals(int(argv[0]))
     buf = bytearray(1 << 20)
-    got = 0
-    start = None
-    counted = 0
+    view = memoryview(buf)
     with open(sys.stdin.fileno(), "rb", buffering=0, closefd=False) as fh:
         while True:
             n = fh.readinto(buf)
             if not n:
                 break
-            got += n
-            if start is None and got >= skip:
-                start = time.monotonic()
-                counted = got
-    end = time.monotonic()
-    if start is None:
-        print(json.dumps({"bytes": 0, "seconds": 0.0, "received": got}))
-        return 0
-    print(json.dumps({"bytes": got - counted, "seconds": end - start, "received": got}))
+            arrivals.write(view[:n])
+    print(json.dumps(arrivals.answer()))
     return 0
 
 
