@@ -75,7 +75,7 @@ class Machine:
         self.work, self.names, self.rate = work, names, rate
         self.bin = work / "bin"
         self.bin.mkdir(parents=True, exist_ok=True)
-        self.bundled = tools is not None and shutil.which("sshd", path=_sbin_path()) is None
+        self.bundled = tools is not None and _installed("sshd") is None
         self.paths = self._tools(tools)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.undo: list[Path] = []
@@ -86,11 +86,7 @@ class Machine:
         """Each tool's command: the system's, or a wrapper running the bundled one."""
         out = {}
         for name in TOOLS:
-            found = shutil.which(name, path=_sbin_path())
-            if name == "sftp-server":
-                found = next((p for p in ("/usr/lib/openssh/sftp-server",
-                                          "/usr/libexec/openssh/sftp-server") if Path(p).exists()),
-                             None)
+            found = _installed(name)
             if self.bundled or found is None:
                 if tools is None:
                     raise SystemExit(f"no {name} here: pass --tools DIR (bin/, lib/)")
@@ -218,9 +214,7 @@ def bundle_tools(dest: Path) -> None:
     (dest / "lib").mkdir(exist_ok=True)
     libs: set[str] = set()
     for name in TOOLS:
-        found = shutil.which(name, path=_sbin_path()) if name != "sftp-server" else next(
-            (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
-             if Path(p).exists()), None)
+        found = _installed(name)
         if found is None:
             raise SystemExit(f"no {name} here to bundle")
         shutil.copy2(found, dest / "bin" / name)
@@ -237,6 +231,14 @@ def bundle_tools(dest: Path) -> None:
     if not loader.exists():
         raise SystemExit("no ld-linux-x86-64.so.2 among the libraries: not an x86-64 glibc system")
     print(f"bundled {len(TOOLS)} programs and {len(libs)} libraries into {dest}")
+
+
+def _installed(name: str) -> str | None:
+    """Where this machine has the tool `name` (sftp-server sits in OpenSSH's libexec folder)."""
+    if name == "sftp-server":
+        return next((p for p in ("/usr/lib/openssh/sftp-server",
+                                 "/usr/libexec/openssh/sftp-server") if Path(p).exists()), None)
+    return shutil.which(name, path=_sbin_path())
 
 
 def _sbin_path() -> str:
