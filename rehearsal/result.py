@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Open(BaseModel):
@@ -61,7 +61,7 @@ class Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal[1]
-    phase: Literal["correctness", "perf", "dflash-sampled", "bench"]
+    phase: str  # one phase or several, comma-separated (rehearsal.phases.parse)
     elapsed_s: float | None = None
     steps: dict[str, Step | ToolCall | str | dict[str, Any]] = Field(default_factory=dict)
     tool: dict[str, ToolCall] = Field(default_factory=dict)
@@ -73,6 +73,15 @@ class Result(BaseModel):
     profiles: dict[str, dict[str, Any]] | None = None  # perf --profile (rehearsal/profile.py)
     not_run: list[NotRun] = Field(default_factory=list)
     errors: list[ErrorNote] = Field(default_factory=list)
+
+    @field_validator("phase")
+    @classmethod
+    def _known_phases(cls, value: str) -> str:
+        from rehearsal.phases import parse
+
+        if isinstance(parse(value), str):
+            raise ValueError(f"not a phase list: {value!r}")
+        return value
 
     def lossless(self) -> dict[str, Lossless]:
         return {k.split("/", 1)[1]: Lossless.model_validate(v) for k, v in self.checks.items()

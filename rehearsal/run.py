@@ -1,6 +1,9 @@
-"""The GPU rehearsal, run on the GPU host from the repository root (one device call per phase).
+"""The GPU rehearsal, run on the GPU host from the repository root (one device call).
 
-    python3 -m rehearsal.run --carry .carry --out OUT [--phase correctness|perf] [--budget 540]
+    python3 -m rehearsal.run --carry .carry --out OUT [--phase correctness,perf] [--budget 540]
+
+``--phase`` takes one phase or several, comma-separated (``rehearsal.phases``): one install, one
+payload deploy and one start of the union of their servers, then each phase's checks in turn.
 
 1. installs the carry set (``rehearsal.carry install``) into the host's venv;
 2. writes the hand-set test models (``rehearsal.models``) and config-only dummy models;
@@ -53,15 +56,22 @@ def min_budget(groups: int) -> int:
 
 def check_args(a: argparse.Namespace) -> str | None:
     """What is wrong with the options, found before anything runs (None: nothing)."""
+    from rehearsal import phases as ph
+
+    named = ph.parse(a.phase)
+    if isinstance(named, str):
+        return named
     if a.rounds < 1:
         return f"--rounds must be at least 1, got {a.rounds}"
     kinds = [k for k in a.bench_runs.split(",") if k]
-    if a.phase == "bench" and (not kinds or any(k not in ("ladder", "dummy") for k in kinds)
-                               or len(set(kinds)) != len(kinds)):
+    if "bench" in named and (not kinds or any(k not in ("ladder", "dummy") for k in kinds)
+                             or len(set(kinds)) != len(kinds)):
         return f"--bench-runs: distinct names among ladder and dummy, got {a.bench_runs!r}"
-    if a.phase not in ("correctness", "perf"):
+    servers = ph.union(named, _servers)
+    if isinstance(servers, str):
+        return servers
+    if not servers:
         return None
-    servers = _servers(a.phase)
     wanted = [n for n in a.only.split(",") if n]
     unknown = sorted(set(wanted) - {s.name for s in servers})
     if unknown:
@@ -720,8 +730,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rehearsal.run")
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--phase", choices=("correctness", "perf", "dflash-sampled", "bench"),
-                    default="correctness")
+    ap.add_argument("--phase", default="correctness",
+                    help="one phase or several, comma-separated (one install and one start of "
+                         "their servers): correctness, request-params, perf, dflash-sampled, "
+                         "bench")
     ap.add_argument("--budget", type=float, default=540.0)
     ap.add_argument("--skip-checks", action="store_true",
                     help="perf: timings only (DFLASH's checks and the sampling laws ran before)")
@@ -756,47 +768,54 @@ def main(argv: list[str] | None = None) -> int:
     r.profile = a.profile
     r.rounds = a.rounds
     hosts: Path | None = None
+    from rehearsal import phases
+
+    named = phases.parse(a.phase)
+    assert not isinstance(named, str)  # checked by check_args
     try:
         r.step("install", r.install)
         r.step("models", r.models)
-        servers = _servers(a.phase)
+        shared = phases.union(named, _servers)
+        assert not isinstance(shared, str)  # checked by check_args
         if a.only:  # names checked by check_args
             wanted = {n for n in a.only.split(",") if n}
-            servers = [s for s in servers if s.name in wanted]
+            shared = [s for s in shared if s.name in wanted]
         from rehearsal.servers import Server, hosts_file
 
-        hosts = hosts_file(servers[0] if servers else Server("tool", str(WORK / "models/ladder"),
-                                                             port=31099), str(VENV), r.logs)
+        hosts = hosts_file(shared[0] if shared else Server("tool", str(WORK / "models/ladder"),
+                                                           port=31099), str(VENV), r.logs)
         warm = None if a.no_prewarm else r.prewarm()
-        if a.phase != "dflash-sampled":
+        if named != ("dflash-sampled",):
             r.step("payload deploy", lambda: r.deploy_payload(hosts))
-        if a.phase == "bench":
-            r.step("prewarm", lambda: r.prewarm_done(warm))
-            order = tuple(k for k in a.bench_runs.split(",") if k)
-            r.step("bench", lambda: bench(r, order, resume=a.bench_resume), need=120)
-        else:  # servers take longer to start than the prewarm has left to run
+        if shared:  # servers take longer to start than the prewarm has left to run
             def meanwhile() -> None:  # while the servers start
                 r.facts_commands(hosts)
-                if a.phase in ("correctness", "perf"):
+                if {"correctness", "perf"} & set(named):
                     r.step("round graphs", r.graphs_check, need=60)
 
-            r.step("servers", lambda: r.start_servers(servers, warm=a.warm,
+            r.step("servers", lambda: r.start_servers(shared, warm=a.warm,
                                                       meanwhile=meanwhile), need=150)
-            r.step("prewarm", lambda: r.prewarm_done(warm))
-        if a.phase == "correctness":
-            correctness(r, servers)
-        elif a.phase == "perf":
-            perf(r, servers)
-        elif a.phase == "dflash-sampled":
-            dflash_sampled(r, servers[0])
+        r.step("prewarm", lambda: r.prewarm_done(warm))
+        for phase in named:
+            own = {s.name for s in _servers(phase)}
+            mine = [s for s in shared if s.name in own]
+            if phase == "correctness":
+                correctness(r, mine)
+            elif phase == "perf":
+                perf(r, mine)
+            elif phase == "dflash-sampled" and mine:
+                dflash_sampled(r, mine[0])
+            elif phase == "bench":
+                r.stop_all()  # bench starts its own servers, one at a time
+                r.step("bench", lambda: bench(r, tuple(k for k in a.bench_runs.split(",") if k),
+                                              resume=a.bench_resume), need=120)
     finally:
         r.stop_all()
         r.result["checks"]["round-graphs/servers"] = graph_use(r.logs)
         r.save()
-    if hosts is not None and a.phase != "dflash-sampled" and not a.keep_payload:
+    if hosts is not None and named != ("dflash-sampled",) and not a.keep_payload:
         r.step("payload rollback", lambda: r.rollback_commands(hosts))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

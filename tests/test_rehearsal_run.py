@@ -178,6 +178,14 @@ def test_the_real_h200_runs_validate_and_say_what_they_found() -> None:
     (["--phase", "perf", "--rounds", "0"], "--rounds must be at least 1"),
     (["--phase", "bench", "--bench-runs", "dummy,dummy"], "distinct names among ladder and dummy"),
     (["--phase", "bench", "--bench-runs", ","], "distinct names among ladder and dummy"),
+    (["--phase", "correctness,nosuch"], "no such phase nosuch"),
+    (["--phase", "perf,perf"], "a phase named twice"),
+    (["--phase", "perf,"], "comma-separated names"),
+    (["--phase", "correctness,dflash-sampled", "--budget", "450"],
+     "phase correctness,dflash-sampled with 12 servers in 2 start group(s)"),
+    # the two describe ddtree15-ladder differently (correctness names no attention backend)
+    (["--phase", "correctness,perf"], "server ddtree15-ladder differs between the phases"),
+    (["--phase", "correctness,bench", "--bench-runs", "x"], "distinct names among ladder"),
 ])
 def test_bad_options_are_refused_before_anything_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -255,3 +263,36 @@ def test_perf_rounds_alternate_the_order_of_the_servers(monkeypatch: pytest.Monk
     out = perf.measure([("a", 1), ("b", 2)], rounds=3, tokens=8, batches=(1,))
     assert calls == [1, 2] + [1, 2, 2, 1, 1, 2]  # warm-up, then A B, B A, A B
     assert out["a"]["batch1"]["tok_s"] == [1.0, 1.0, 1.0]
+
+
+def test_a_phase_list_runs_in_a_fixed_order_and_shares_the_servers_it_names_twice() -> None:
+    from rehearsal import phases
+
+    assert phases.parse("perf,correctness") == ("correctness", "perf")
+    assert phases.parse("bench") == ("bench",)
+    both = phases.union(("correctness", "dflash-sampled"), run._servers)
+    assert not isinstance(both, str)
+    names = [s.name for s in both]
+    assert len(names) == len(set(names)) == 12  # dflash-ladder is in both
+    assert "dflash-ladder" in names
+    assert [s.port for s in both] == list(range(31000, 31000 + 12))
+    assert phases.union(("bench",), run._servers) == []
+
+
+def test_a_server_two_phases_describe_differently_is_refused() -> None:
+    from rehearsal import phases
+
+    def servers_of(phase: str) -> list[Server]:
+        return [Server("same", "/m", "ddtree", 15 if phase == "perf" else 31, 8, port=1)]
+
+    assert "server same differs between the phases" in str(
+        phases.union(("correctness", "perf"), servers_of))
+    assert phases.union(("perf",), servers_of) == [Server("same", "/m", "ddtree", 15, 8,
+                                                          port=31000)]
+
+
+def test_the_result_schema_takes_a_phase_list_and_refuses_an_unknown_phase() -> None:
+    doc = {"format": 1, "phase": "correctness,perf"}
+    assert result.Result.model_validate(doc).phase == "correctness,perf"
+    with pytest.raises(ValueError):
+        result.Result.model_validate({**doc, "phase": "correctness,nosuch"})
