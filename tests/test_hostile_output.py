@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console, RenderableType
 
-from ddtree_deploy.cli.render_inventory import failures, findings_table, gpu_table, venv_table
+from ddtree_deploy.cli.render_inventory import (
+    failures,
+    findings_table,
+    gpu_table,
+    remedies,
+    venv_table,
+)
 from ddtree_deploy.cli.render_table import add_row, make_table
 from ddtree_deploy.errors import HostKeyError
 from ddtree_deploy.facts.model import (
@@ -134,7 +140,8 @@ def test_findings_table_at_80_columns() -> None:
     _assert_readable(text)
     flat = _flat(text)
     assert "torch.lane.mismatch" in flat and "[/x]/[bold]v[/bold]/\\x1b[2Jenv" in flat
-    assert "--venv/srv/very/long/folder/names/venvs/sglang-ddtree-cu130-py311" in flat
+    (remedy,) = remedies(findings)  # under the table, whole: one line (soft-wrapped)
+    assert remedy.plain == f"fix torch.lane.mismatch: {findings[0].remedy}"
 
 
 def test_any_table_cell_is_text_not_markup() -> None:

@@ -187,7 +187,7 @@ def test_story_ct200_venv_sglang_with_the_ddtree_deployment(dep: Deployment) -> 
     assert exit_code(found) == 1
     lane_f = only(found, "deploy.lane-mismatch")
     assert lane_f.evidence["venv_lane"] == "cu128" and lane_f.evidence["deployment_lane"] == "cu130"
-    assert "overlay ct200 --abi cu130 --venv /root/venv_sglang" in lane_f.remedy
+    assert "overlay --abi cu130 --to ct200 --venv /root/venv_sglang`" in lane_f.remedy
     assert only(found, "venv.flashinfer-mxfp8").evidence["flashinfer-python"] == "0.6.3"
 
 
@@ -231,7 +231,7 @@ def test_deterministic_and_order_independent(dep: Deployment) -> None:
     b = diagnose(ct200(venv_sglang(), venv_training()), venv="/root/venv_sglang", deployment=dep,
                  model_facts=models(draft_config=None))  # fmt: skip
     assert [f.to_json() for f in a] == [f.to_json() for f in b]
-    assert set(a[0].to_json()) == {"id", "severity", "message", "evidence", "remedy"}
+    assert set(a[0].to_json()) == {"id", "severity", "message", "evidence", "remedy", "commands"}
     json.dumps([f.to_json() for f in a])  # --json prints them: evidence must be plain JSON
     assert all(f.remedy for f in a if f.severity == "error")
 
@@ -318,7 +318,7 @@ def test_venv_missing_and_unreadable(dep: Deployment) -> None:
     found = diagnose(ct200(venv_training()), venv="/root/venv_sglang211", deployment=dep,
                      model_facts=None)  # fmt: skip
     f = only(found, "venv.missing")
-    assert "venv clone ct200 venv_sglang211" in f.remedy and f.evidence["known_venvs"]
+    assert "venv clone ct200 SOURCE /root/venv_sglang211`" in f.remedy and f.evidence["known_venvs"]
     gone = Venv(path="/root/x", exists=False)
     assert "venv.missing" in ids(diagnose(ct200(gone), venv="/root/x", deployment=None,
                                           model_facts=None))  # fmt: skip

@@ -68,7 +68,7 @@ def test_remedies_name_the_fix_from_the_story() -> None:
     assert "--attention-backend triton" in remedy("flashinfer-sm12-guard")
     assert "--grammar-backend none" in remedy("xgrammar-no-structural-tag")
     assert "soundfile==0.13.1" in remedy("soundfile-missing")
-    assert "apply ct200 --deployment ddtree" in remedy("soundfile-missing")
+    assert "`ddtree-deploy apply ct200`" in remedy("soundfile-missing")
     assert "--gpu N" in remedy("gpu-unavailable")
     assert "--mem-fraction-static" in remedy("cuda-oom")
 
@@ -108,7 +108,7 @@ def test_real_no_backend_log_names_the_backend_and_the_flag() -> None:
     (match,) = scan((REAL / "d1-no-backend.log").read_text().splitlines(), CONTEXT)
     assert match.groups == {"backend": "fa3"}
     assert match.line.startswith("ValueError: DDTREE full-tree verification")
-    assert "service up ct200 sglang-ddtree --attention-backend triton" in match.remedy
+    assert "service up ct200 ddtree --attention-backend triton" in match.remedy  # deployment
 
 
 @pytest.mark.parametrize("log", ["nospec-server.log", "dflash-server.log",

@@ -102,8 +102,10 @@ def doctor(
             "findings": [f.to_json() for f in findings],
         })
     else:
-        from ddtree_deploy.cli.render_inventory import findings_table
+        from ddtree_deploy.cli.render_inventory import findings_table, remedies
 
         out.print(findings_table(spec.name, venv, findings))
+        for line in remedies(findings):
+            out.print(line, soft_wrap=True)
     if any(f.severity == "error" for f in findings):
         raise typer.Exit(int(ExitCode.FAILED))

@@ -101,11 +101,19 @@ def venv_table(outcomes: list[Outcome[Facts]], width: int = 80) -> Table:
 
 
 def findings_table(host: str, venv: str | None, findings: list[Finding]) -> Table:
+    """The findings, one a row; their remedies go under the table (``remedies``)."""
     title = f"doctor {host}" + (f" --venv {venv}" if venv else "")
     table = make_table(title if findings else f"{title}: no findings",
-                       ("severity", "id", "finding", "evidence", "remedy"))
+                       ("severity", "id", "finding", "evidence"))
     for f in findings:
         evidence = "\n".join(f"{k}: {v}" for k, v in f.evidence.items())
         add_row(table, cell(f.severity, SEVERITY_STYLE.get(f.severity, "")), f.id, f.message,
-                evidence, f.remedy)
+                evidence)
     return table
+
+
+def remedies(findings: list[Finding]) -> list[Text]:
+    """Each finding's remedy as one line, printed with soft wrap: a command is never folded
+    mid-token by a table cell (the terminal may wrap a long line; a copy gets it whole)."""
+    return [Text.assemble(("fix ", "bold"), (plain(f.id), "bold"), ": ", plain(f.remedy))
+            for f in findings if f.remedy]

@@ -29,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ddtree_deploy.errors import CommandTimeout, ExitCode, UsageError
-from ddtree_deploy.health.signatures import Match, match_line
+from ddtree_deploy.health.signatures import Match, fill_remedy, match_line
 from ddtree_deploy.remote.bundle import text
 from ddtree_deploy.remote.runner import run_json
+from ddtree_deploy.rules.findings import command
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.transport.base import Transport
 from ddtree_deploy.transport.command import Command
@@ -50,8 +51,8 @@ SAMPLED_STALL_HINT = (
     "busy until the server was stopped; and the first sampled request after a start took "
     "~100 s while sgl-kernel's top_k_renorm_prob loaded (once per host and HOME: the probe's "
     "warm-up budget covers it)")
-SAMPLED_STALL_REMEDY = ("serve the model's real weights, or probe again with a longer --warmup; "
-                        "`ddtree-deploy probe HOST [SERVICE] --warmup 600`")
+SAMPLED_STALL_REMEDY = ("serve the model's real weights, or probe again with a longer --warmup: "
+                        + command("probe", "{host}", "{name}", "--warmup", "600"))
 WARMUP_S = 300.0  # default warm-up budget: waits for first tokens (JIT compiles)
 GEN_LIMIT_S = 20.0  # one short generation never waits longer than this after its first token
 MIN_TOK_PER_S = 2.0  # below this, with far fewer tokens than asked: unhealthy
@@ -407,7 +408,8 @@ class _Probe:
         """The sampled path stalled while greedy had answered: say what the H200 showed."""
         if kind == "sampled" and "greedy" in self.done:
             verdict.diagnosis.append(Match("sampled-path-stalled", "", SAMPLED_STALL_HINT,
-                                           SAMPLED_STALL_REMEDY, fatal=False))
+                                           fill_remedy(SAMPLED_STALL_REMEDY, self.context),
+                                           fatal=False))
 
     def run(self) -> Verdict:
         grace_used = False

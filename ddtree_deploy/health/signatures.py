@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from ddtree_deploy.rules import findings as remedies
+
 TOOL = "ddtree-deploy"
 _LANES = {"13": "cu130", "12": "cu128"}
 
@@ -49,11 +51,19 @@ class Match:
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "line": self.line, "diagnosis": self.diagnosis,
-                "remedy": self.remedy, "fatal": self.fatal}
+                "remedy": self.remedy, "commands": remedies.commands_of(self.remedy),
+                "fatal": self.fatal}
 
 
-_SERVICE_UP = f"`{TOOL} service up {{host}} {{name}}"
-_APPLY = f"`{TOOL} apply {{host}} --deployment {{deployment}}`"
+def _service_up(*flags: str) -> str:
+    return remedies.service_up("{host}", "{deployment}", *flags)
+
+
+_APPLY = remedies.apply("{host}")
+_PAYLOAD = remedies.payload_deploy("{host}", "{venv}")
+_OVERLAY = remedies.overlay("{host}", "{lane}", "{venv}")
+_INVENTORY = remedies.inventory("{host}")
+_DOCTOR = remedies.doctor("{host}")
 
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
@@ -61,7 +71,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"invalid choice: '?DDTREE'?|Unknown speculative algorithm name: DDTREE\b",
         diagnosis="this sglang does not know the DDTREE speculative algorithm: the DDTree "
         "payload is missing or only half applied",
-        remedy=f"`{TOOL} payload deploy {{host}} --venv {{venv}}`",
+        remedy=_PAYLOAD,
         source="argparse's 'invalid choice' for --speculative-algorithm "
         "(sglang/srt/server_args.py choices) and sglang 0.5.11 "
         "sglang/srt/speculative/spec_info.py: raise ValueError(f\"Unknown speculative "
@@ -72,7 +82,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"unrecognized arguments:.*--speculative-ddtree-",
         diagnosis="this sglang does not accept the --speculative-ddtree-* flags: the DDTree "
         "payload is not deployed in the venv",
-        remedy=f"`{TOOL} payload deploy {{host}} --venv {{venv}}`",
+        remedy=_PAYLOAD,
         source="argparse's 'unrecognized arguments' (sglang/srt/server_args.py lacks the flags)",
     ),
     Signature(
@@ -90,7 +100,7 @@ SIGNATURES: tuple[Signature, ...] = (
         diagnosis="DDTREE's full-tree verification runs only on the triton attention backend; "
         "the service names another one, or names none and SGLang filled in its default (fa3 on "
         "Hopper, flashinfer elsewhere) before the payload's check",
-        remedy=f"{_SERVICE_UP} --attention-backend triton` (or set the deployment's "
+        remedy=f"{_service_up('--attention-backend triton')} (or set the deployment's "
         "attention_backend: triton)",
         source="the DDTree payload's ddtree_args.py resolve_ddtree_server_args (ValueError); "
         "real on an H200 with sglang 0.5.11 (tests/data/real/sglang-0.5.11-h200/d1-no-backend.log)",
@@ -110,7 +120,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"cannot import name '?StructuralTag'? from '?xgrammar",
         diagnosis="xgrammar is older than 0.1.25 and has no StructuralTag, which sglang's "
         "xgrammar grammar backend imports",
-        remedy=f"{_SERVICE_UP} --grammar-backend none`, or add 'xgrammar==0.1.32' to the "
+        remedy=f"{_service_up('--grammar-backend none')}, or add 'xgrammar==0.1.32' to the "
         f"deployment's sglang.extra_packages and run {_APPLY}",
         source="Python's ImportError for `from xgrammar import StructuralTag` with the real "
         "xgrammar 0.1.10 (sglang 0.5.11 sglang/srt/constrained/xgrammar_backend.py)",
@@ -129,7 +139,7 @@ SIGNATURES: tuple[Signature, ...] = (
         id="cuda-driver-missing",
         pattern=r"libcuda\.so\.1: cannot open shared object file",
         diagnosis="the NVIDIA driver library libcuda.so.1 is not visible to the service",
-        remedy=f"install or load the NVIDIA driver on the host, then `{TOOL} doctor {{host}}`",
+        remedy=f"install or load the NVIDIA driver on the host, then {_DOCTOR}",
         source="the dynamic loader's dlopen error (glibc dl-load), as printed by Python's "
         "ImportError for an extension module",
     ),
@@ -139,7 +149,7 @@ SIGNATURES: tuple[Signature, ...] = (
         r"(?:\.\d+)*): cannot open shared object file",
         diagnosis="a compiled extension (sgl_kernel or torch) needs a CUDA/torch library the "
         "venv does not provide: the venv mixes CUDA lanes (ABI mismatch)",
-        remedy=f"`{TOOL} overlay {{host}} --abi {{lane}} --venv {{venv}}`",
+        remedy=_OVERLAY,
         source="the dynamic loader's dlopen error (glibc dl-load) when importing sgl_kernel's "
         "common_ops.abi3.so (DT_NEEDED libnvrtc.so.13, libcudart.so.13) in a cu128 venv",
     ),
@@ -148,8 +158,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"undefined symbol: _ZN3c10\w*",
         diagnosis="a compiled extension (sgl_kernel) was built against another torch: "
         "undefined c10 symbol (ABI mismatch)",
-        remedy=f"`{TOOL} overlay {{host}} --abi {{lane}} --venv {{venv}}` "
-        f"(`{TOOL} doctor {{host}} --venv {{venv}}` names the lane)",
+        remedy=f"{_OVERLAY} ({remedies.doctor('{host}', '--venv', '{venv}')} names the lane)",
         source="the dynamic loader's dlopen error (glibc dl-lookup, RTLD_NOW) for an extension "
         "referencing a c10 symbol the loaded libc10.so lacks",
     ),
@@ -158,14 +167,14 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"FlashInfer requires GPUs with sm75 or higher",
         diagnosis="FlashInfer dropped the SM 12.x GPU: its JIT needs CUDA >= 12.9 for SM 12.x "
         "and found an older nvcc (or torch's CUDA)",
-        remedy=f"{_SERVICE_UP} --attention-backend triton`",
+        remedy=_service_up("--attention-backend triton"),
         source="flashinfer-python 0.6.8.post1 flashinfer/jit/core.py check_cuda_arch()",
     ),
     Signature(
         id="flashinfer-sm12-warning",
         pattern=r"SM 12\.x requires CUDA >= 12\.9",
         diagnosis="FlashInfer skips SM 12.x because the CUDA it found is older than 12.9",
-        remedy=f"{_SERVICE_UP} --attention-backend triton`",
+        remedy=_service_up("--attention-backend triton"),
         source="flashinfer-python 0.6.8.post1 flashinfer/compilation_context.py",
         fatal=False,
     ),
@@ -174,8 +183,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"cudaErrorDevicesUnavailable|CUDA-capable device\(s\) is/are busy or "
         r"unavailable",
         diagnosis="the GPU given to the service is dead or held exclusively by another process",
-        remedy=f"{_SERVICE_UP} --gpu N` with a live, free GPU (`{TOOL} inventory {{host}}` "
-        "shows them)",
+        remedy=f"{_service_up('--gpu N')} with N a live, free GPU ({_INVENTORY} shows them)",
         source="CUDA runtime cudaGetErrorName/cudaGetErrorString(46) in the real "
         "libcudart.so.13 (nvidia-cuda-runtime 13.0.96), as torch's 'CUDA error: ...' prints it",
     ),
@@ -184,7 +192,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"No CUDA GPUs are available|CUDA error: invalid device ordinal",
         diagnosis="CUDA_VISIBLE_DEVICES names no usable GPU (a wrong index, or fewer GPUs "
         "than --tp-size)",
-        remedy=f"{_SERVICE_UP} --gpu N` with an existing GPU (`{TOOL} inventory {{host}}`)",
+        remedy=f"{_service_up('--gpu N')} with N an existing GPU ({_INVENTORY})",
         source="torch's RuntimeError when CUDA sees no device (torch/cuda/__init__.py _lazy_init)",
     ),
     Signature(
@@ -192,8 +200,8 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory",
         diagnosis="CUDA ran out of GPU memory: the static pool leaves too little for "
         "activations and CUDA graphs, or another process uses the GPU",
-        remedy=f"{_SERVICE_UP} --mem-fraction-static 0.8` (lower than now), or `--gpu N` with "
-        "a free GPU",
+        remedy=f"{_service_up('--mem-fraction-static 0.8')} (lower than now), or "
+        f"{_service_up('--gpu N')} with N a free GPU",
         source="torch's CUDA caching allocator (torch.OutOfMemoryError: CUDA out of memory...) "
         "and cudaGetErrorString(2) 'out of memory' of the real libcudart.so.13",
     ),
@@ -202,7 +210,7 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"Not enough memory\. Please try to increase --mem-fraction-static",
         diagnosis="no GPU memory left for the KV cache after the weights: another process "
         "holds memory on this GPU, or --mem-fraction-static is too small for the model",
-        remedy=f"{_SERVICE_UP} --gpu N` with a free GPU (`{TOOL} inventory {{host}}`), or a "
+        remedy=f"{_service_up('--gpu N')} with N a free GPU ({_INVENTORY}), or a "
         "higher --mem-fraction-static when the GPU is free",
         source="sglang 0.5.11 sglang/srt/model_executor/pool_configurator.py (RuntimeError)",
     ),
@@ -210,8 +218,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="port-in-use",
         pattern=r"\[Errno 98\]|address already in use",
         diagnosis="the service's port is already held by another process",
-        remedy=f"{_SERVICE_UP} --port P` with a free port (`{TOOL} inventory {{host}}` shows "
-        "the listeners), or stop the holder",
+        remedy=f"{_service_up('--port P')} with P a free port ({_INVENTORY} shows the "
+        "listeners), or stop the holder",
         source="asyncio create_server's OSError '[Errno 98] error while attempting to bind on "
         "address ...: address already in use', logged by uvicorn server.py (logger.error(exc))",
         ignore_case=True,
@@ -220,7 +228,7 @@ SIGNATURES: tuple[Signature, ...] = (
         id="model-path-missing",
         pattern=r"Incorrect path_or_model_id: |does not appear to have a file named config\.json",
         diagnosis="the model path does not exist on the host or has no config.json",
-        remedy=f"fix the deployment's model path in hosts.yaml, then `{TOOL} doctor {{host}}`",
+        remedy=f"fix the deployment's model path in hosts.yaml, then {_DOCTOR}",
         source="Hugging Face transformers cached_file (utils/hub.py) errors for a missing model",
     ),
 )

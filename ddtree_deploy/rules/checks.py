@@ -58,6 +58,15 @@ def has_name(ctx: RuleContext, floor: NameFloor) -> bool | None:
 # ---- host
 
 
+def _live_gpu(ctx: RuleContext, dead: int) -> str:
+    """Move a service to a live GPU no process holds, named when there is one."""
+    free = [g.index for g in ctx.facts.nvidia.gpus if not g.dead and not g.processes]
+    if not free:
+        return f"no GPU is free now ({findings.inventory(ctx.host)} shows who holds them)"
+    return (f"move a service that uses it to a live, free one: "
+            f"{findings.service_up(ctx.host, ctx.dep_name, f'--gpu {free[0]}')}")
+
+
 def gpu_dead(ctx: RuleContext) -> Iterable[Finding]:
     for gpu in ctx.facts.nvidia.gpus:
         if gpu.dead:
@@ -67,9 +76,8 @@ def gpu_dead(ctx: RuleContext) -> Iterable[Finding]:
                 f"{gpu.error or 'no answer'}",
                 evidence={"index": gpu.index, "name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
                           "error": gpu.error, "memory_used_mib": gpu.memory_used_mib},
-                remedy=f"keep services off GPU {gpu.index}: pick a live one with `--gpu N` "
-                f"({findings.service_up(ctx.host, 'NAME', '--gpu N')}); the card needs a reboot or "
-                "reseat",
+                remedy=f"keep services off GPU {gpu.index}: {_live_gpu(ctx, gpu.index)}; the card "
+                "needs a reboot or reseat",
             )  # fmt: skip
 
 
@@ -82,7 +90,7 @@ def nvidia_absent(ctx: RuleContext) -> Iterable[Finding]:
             message="the GPU driver did not answer (NVML, nvidia-smi): no GPU seen on this host",
             evidence={"error": nv.error},
             remedy="install or load the NVIDIA driver (R580+ for the cu130 lane), then "
-            f"`ddtree-deploy doctor {ctx.host}` again",
+            f"{findings.doctor(ctx.host)} again",
         )
 
 
@@ -125,8 +133,8 @@ def venv_unreadable(ctx: RuleContext) -> Iterable[Finding]:
             severity="warning",
             message=f"part of venv {ctx.path} could not be read; rules may miss problems",
             evidence={"venv": ctx.path, "error": ctx.venv.error},
-            remedy=f"check the path and permissions; `ddtree-deploy doctor {ctx.host} "
-            f"--venv {ctx.path}` again",
+            remedy=f"check the path and permissions; "
+            f"{findings.doctor(ctx.host, '--venv', ctx.path)} again",
         )
 
 
@@ -275,7 +283,7 @@ def xgrammar_structural_tag(ctx: RuleContext) -> Iterable[Finding]:
         + _unused_note(severity, f"--grammar-backend {chosen}"),
         evidence={"venv": ctx.path, "xgrammar": ctx.dist("xgrammar"), "sglang": sglang,
                   "needs": floor.name, "grammar_backend": chosen, "source": floor.source},
-        remedy=findings.service_up(ctx.host, dep.name if dep else "NAME", "--grammar-backend none")
+        remedy=findings.service_up(ctx.host, ctx.dep_name, "--grammar-backend none")
         + "; or " + findings.install(ctx.host, f"xgrammar>={floor.first}", ctx.dep_name),
     )  # fmt: skip
 
@@ -303,8 +311,7 @@ def flashinfer_sm12(ctx: RuleContext) -> Iterable[Finding]:
                   "nvcc_version": services.nvcc_version,
                   "torch_cuda": torch.cuda if torch else None,
                   "attention_backend": chosen, "source": FLASHINFER_JIT.source},
-        remedy=findings.service_up(ctx.host, dep.name if dep else "NAME",
-                                   "--attention-backend triton"),
+        remedy=findings.service_up(ctx.host, ctx.dep_name, "--attention-backend triton"),
     )  # fmt: skip
 
 

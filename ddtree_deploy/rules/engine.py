@@ -37,7 +37,8 @@ def _venv_missing(ctx: RuleContext) -> Finding:
     known = sorted(v.path for v in ctx.facts.venvs if v.exists)
     if dep is not None:
         remedy = (
-            f"create it: {findings.venv_clone(ctx.host, dep.venv, 'SOURCE')} (or declare venvs."
+            f"create it: {findings.venv_clone(ctx.host, 'SOURCE', ctx.path)} with SOURCE a venv "
+            f"to copy ({', '.join(known) or 'none found'}), or declare venvs."
             f"{dep.venv}.create in hosts.yaml and run {findings.apply(ctx.host, dep.name)})"
         )
     else:
@@ -86,7 +87,8 @@ def diagnose(
         first: tuple[str | None, Venv | None] = targets[0] if targets else (None, None)
         out += _run(DEPLOY_HOST_RULES, base.with_venv(*first))
     if model_facts is not None:
-        out += check_model_fit(model_facts, deployment.algorithm if deployment else "none")
+        out += check_model_fit(model_facts, deployment.algorithm if deployment else "none",
+                               facts.host)
     return sort_findings(out)
 
 

@@ -67,24 +67,26 @@ def expected_width(target: dict[str, Any], draft: dict[str, Any]) -> int | None:
     return None if size is None or count is None else count * size
 
 
-def _missing(which: str, path: str | None, error: str | None, where: str) -> Finding:
+def _missing(which: str, path: str | None, error: str | None, where: str, host: str) -> Finding:
     return Finding(
         id=f"model.{which}-config-missing",
         severity="error",
         message=f"the {which} model's config.json could not be read at {path or '(no path)'}",
         evidence={"path": path, "error": error},
         remedy=f"copy the {which} model to that path on the host, or point {where} in "
-        "hosts.yaml at where it is, then run `ddtree-deploy doctor` again",
+        f"hosts.yaml at where it is, then run `ddtree-deploy doctor {host}` again",
     )
 
 
-def check_model_fit(mf: ModelFacts, algorithm: str) -> list[Finding]:
+def check_model_fit(mf: ModelFacts, algorithm: str, host: str = "HOST") -> list[Finding]:
     out: list[Finding] = []
     if mf.target_config is None:
-        out.append(_missing("target", mf.target_path, mf.errors.get("target"), "model_path"))
+        out.append(_missing("target", mf.target_path, mf.errors.get("target"), "model_path",
+                            host))
     needs_draft = algorithm in DRAFTED or mf.draft_path is not None
     if needs_draft and mf.draft_config is None:
-        out.append(_missing("draft", mf.draft_path, mf.errors.get("draft"), "draft_model_path"))
+        out.append(_missing("draft", mf.draft_path, mf.errors.get("draft"), "draft_model_path",
+                            host))
     if mf.target_config is None or mf.draft_config is None:
         return out
     target, draft = mf.target_config, mf.draft_config

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ddtree_deploy.converge.steps import Acting, Planning, Step, StepKind, UnitParams, params
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.service.spec import PORT_KEY
+from ddtree_deploy.service.spec import DEPLOYMENT_KEY, PORT_KEY
 
 if TYPE_CHECKING:
     from ddtree_deploy.health.check import ProbeTarget
@@ -19,10 +19,15 @@ if TYPE_CHECKING:
 KIND = "service.probe"
 
 
+def _unit_key(text: str, key: str) -> str | None:
+    found = [ln.split("=", 1)[1].strip() for ln in text.splitlines() if ln.startswith(f"{key}=")]
+    return found[0] if found and found[0] else None
+
+
 def unit_port(text: str) -> int | None:
     """The port a unit's /health answers on (its X-DDTreeDeploy-Port line), if it says."""
-    found = [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith(f"{PORT_KEY}=")]
-    return int(found[0]) if found and found[0].strip().isdigit() else None
+    found = _unit_key(text, PORT_KEY)
+    return int(found) if found and found.isdigit() else None
 
 
 def target_of(text: str, unit: str | None, host: str, port: int | None = None
@@ -35,7 +40,9 @@ def target_of(text: str, unit: str | None, host: str, port: int | None = None
     if port is None:
         return None
     ids = True if "--skip-tokenizer-init" in text else None  # the server takes input_ids
-    return ProbeTarget(port=port, unit=unit, host=host, input_ids=ids)
+    # the deployment it serves: remedies name it (`service up HOST DEPLOYMENT ...`)
+    return ProbeTarget(port=port, unit=unit, host=host, input_ids=ids,
+                       deployment=_unit_key(text, DEPLOYMENT_KEY))
 
 
 def plan(ctx: Planning) -> list[Step]:
