@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "payload"))
-from ddtree import admission as adm  # noqa: E402
+from ddtree import admission as adm
 
 # What the OpenAI chat endpoint of 0.5.11 fills in for a plain request (serving_chat.py's
 # GenerateReqInput(...) and its sampling dict), values as a client leaving them unset gets.
