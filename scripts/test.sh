@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# The whole test suite: install, lint, type-check, then every test, tier by tier (unit,
+# The whole test suite: install, fetch the real wheels the tests need (tests/wheels.toml, once,
+# into .test-wheels/, checked by sha256), lint, type-check, then every test, tier by tier (unit,
 # integration, lab; tests/tiers.py says what puts a test in each). The lab is taken down at the
 # end even when tests fail. Each stage prints its seconds, each tier its test count, and the
-# tiers' union is checked to be the whole collection, so no test drops out of CI.
+# tiers' union is checked to be the whole collection, so no test drops out of CI. Every skipped
+# test is listed at the end with its reason.
 # Extra arguments go to every pytest run (e.g. -x, -k EXPR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage() { local name=$1 t0=$SECONDS; shift; "$@"; echo "tier $name: $((SECONDS - t0)) s"; }
+stage() {  # NAME COMMAND...: run it, print its seconds, return its status
+  local name=$1 t0=$SECONDS rc=0; shift
+  "$@" || rc=$?
+  echo "tier $name: $((SECONDS - t0)) s"
+  return "$rc"
+}
 stage setup bash scripts/setup.sh
 trap '.venv/bin/ddtree-deploy lab down >/dev/null 2>&1 || true' EXIT
+failed=()
+# A wheel that cannot be fetched fails the run, and (in CI) each test that needs it, by name.
+stage wheels .venv/bin/python tests/wheelcache.py fetch || failed+=(wheels)
 stage ruff .venv/bin/ruff check .
 stage mypy .venv/bin/mypy
 
@@ -18,10 +28,11 @@ pytest=(.venv/bin/pytest -q -p no:cacheprovider)
 collect() { "${pytest[@]}" --collect-only --tier-manifest="$manifests/all" "$@" >/dev/null; }
 stage collect collect "$@"
 
-failed=()
+touch "$manifests/skips"
 for tier in unit integration lab; do
   t0=$SECONDS rc=0
-  "${pytest[@]}" -m "$tier" --tier-manifest="$manifests/$tier" "$@" || rc=$?
+  "${pytest[@]}" -m "$tier" --tier-manifest="$manifests/$tier" \
+    --skip-report="$manifests/skips" "$@" || rc=$?
   [ "$rc" -eq 5 ] && rc=0  # no test of this tier selected (by -k, or none exists)
   touch "$manifests/$tier"
   echo "tier $tier: $((SECONDS - t0)) s, $(wc -l <"$manifests/$tier") tests"
@@ -37,6 +48,8 @@ if ! cmp -s <(sort "$manifests/all") <(sort "$manifests/unit" "$manifests/integr
   exit 1
 fi
 echo "tiers: $(wc -l <"$manifests/all") tests, each in one tier"
+echo "skipped: $(wc -l <"$manifests/skips") tests"
+sed 's/\t/: /' "$manifests/skips"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed tiers: ${failed[*]}" >&2
   exit 1

@@ -21,6 +21,9 @@ from ddtree_deploy.resources import embedded_hosts_file
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--tier-manifest", metavar="FILE",
                      help="write each selected test's tier and id to FILE (scripts/test.sh)")
+    parser.addoption("--skip-report", metavar="FILE",
+                     help="append each skipped test's id and reason to FILE (scripts/test.sh "
+                          "lists them at the end)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the tier markers
@@ -42,6 +45,24 @@ def pytest_configure(config: pytest.Config) -> None:
                        ("lab", "the systemd-nspawn lab and its machinery")):
         config.addinivalue_line("markers", f"{tier}: tier ({what}); set by tests/tiers.py")
     config.stash[_GUARD] = tiers.UnitGuard()
+    report = config.getoption("--skip-report", None)
+    if report:
+        config.pluginmanager.register(SkipReport(Path(report)), "skip-report")
+
+
+class SkipReport:
+    """Appends "id<TAB>reason" for each skipped test (in setup or call) to a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.skipped or report.when == "teardown":
+            return
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ").replace("\n", " ")
+        with self.path.open("a") as f:
+            f.write(f"{report.nodeid}\t{reason}\n")
 
 
 _GUARD = pytest.StashKey["tiers.UnitGuard"]()

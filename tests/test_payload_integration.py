@@ -31,19 +31,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-
-from ddtree_deploy import xdg
+from wheelcache import wheel
 
 PAYLOAD = Path(__file__).resolve().parents[1] / "payload"
 SPEC = yaml.safe_load((PAYLOAD / "payload.yaml").read_text())["sglang"]["0.5.11"]
-WHEEL = "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl"
 
 
 def _wheel() -> Path:
-    for folder in (xdg.cache_dir() / "lab" / "wheels" / "real", Path("/tmp/wh")):
-        if (folder / WHEEL).is_file():
-            return folder / WHEEL
-    pytest.skip(f"{WHEEL} not downloaded (the lab's wheelhouse fetches it)")
+    return wheel("sglang", "0.5.11")  # tests/wheels.toml
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from wheelcache import wheel
 
 from ddtree_deploy.health.signatures import SIGNATURES, fill_remedy, match_line, scan
 
@@ -182,12 +183,7 @@ def test_real_undefined_c10_symbol(tmp_path: Path) -> None:
 
 
 def _real_cudart(tmp_path: Path) -> ctypes.CDLL:
-    from ddtree_lab.manager import lab_cache_dir
-
-    wheels = sorted((lab_cache_dir() / "wheels" / "real").glob("nvidia_cuda_runtime-13.*.whl"))
-    if not wheels:
-        pytest.skip("the real nvidia-cuda-runtime 13 wheel is not in the lab cache")
-    with zipfile.ZipFile(wheels[-1]) as zf:
+    with zipfile.ZipFile(wheel("nvidia-cuda-runtime", "13.0.96")) as zf:  # tests/wheels.toml
         member = next(n for n in zf.namelist() if n.endswith("/libcudart.so.13"))
         target = tmp_path / "libcudart.so.13"
         target.write_bytes(zf.read(member))
