@@ -151,7 +151,7 @@ def test_real_dlopen_of_sgl_kernel_like_module_in_cu128_venv(tmp_path: Path) -> 
                     "No such file or directory")
     match = match_line(line, CONTEXT)
     assert match is not None and match.id == "abi-missing-cuda-library"
-    assert match.remedy == "`ddtree-deploy overlay ct200 --abi cu130 --venv /root/venv_sglang`"
+    assert match.remedy == "`ddtree-deploy overlay --abi cu130 --to ct200 --venv /root/venv_sglang`"
 
 
 def test_real_dlopen_without_driver_library(tmp_path: Path) -> None:
