@@ -528,7 +528,7 @@ def test_apply_plan_detached_over_local_transport(script: Path, tmp_path: Path,
         back = overlay_apply.rollback(t, str(sc.venv), poll=0.05)
         assert back.result == "rolled-back"
         assert snapshot(sc.venv) == before
-        assert [h["result"] for h in overlay_apply.history(t, str(sc.venv))] == [
+        assert [h["result"] for h in overlay_apply.history(t, str(sc.venv))[0]] == [
             "applied", "rolled-back"]
         with pytest.raises(DeployError, match="nothing to roll back"):
             overlay_apply.rollback(t, str(sc.venv), poll=0.05)

@@ -161,13 +161,16 @@ def history(ctx: typer.Context, host: str = typer.Argument(...),
     spec = config.host(host)
     venvs = [venv] if venv else [str(v.path) for v in spec.venvs.values()]
     rows: dict[str, list[dict[str, Any]]] = {}
-    with open_transport(config, spec) as t:
+    notes: dict[str, str | None] = {}
+    with open_transport(config, spec) as t:  # a read: nothing is written on the host
         for v in venvs:
-            rows[v] = remote_apply.history(t, v, sudo=spec.use_sudo)
+            rows[v], notes[v] = remote_apply.history(t, v, sudo=spec.use_sudo)
     if as_json:
         print_json(out, rows)
         return
     for v, entries in rows.items():
-        out.print(plain(f"{host}:{v}: {len(entries)} entries"), markup=False, highlight=False)
+        note = f" ({notes[v]})" if notes[v] else ""
+        out.print(plain(f"{host}:{v}: {len(entries)} entries{note}"), markup=False,
+                  highlight=False)
         for e in entries:
             out.print(plain(f"  {json.dumps(e, sort_keys=True)}"), highlight=False, markup=False)

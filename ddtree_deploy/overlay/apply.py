@@ -218,8 +218,18 @@ def status(t: Transport, venv: str, *, sudo: bool = False) -> dict[str, Any]:
     return _call(t, venv, "status", sudo=sudo)
 
 
-def history(t: Transport, venv: str, *, sudo: bool = False) -> list[dict[str, Any]]:
-    """One entry per apply/rollback on `venv`: time, op, lane, plan id, result, detail."""
-    upload_script(t, venv, sudo=sudo)
-    entries = _call(t, venv, "history", sudo=sudo).get("history", [])
-    return [e for e in entries if isinstance(e, dict)]
+def history(t: Transport, venv: str, *, sudo: bool = False
+            ) -> tuple[list[dict[str, Any]], str | None]:
+    """One entry per apply/rollback on `venv`: time, op, lane, plan id, result, detail; and
+    what the host said instead (a venv that is not there). A read: the script goes on stdin
+    to the host's python3 (not the venv's, which may be missing), nothing is uploaded and
+    nothing is written in the venv."""
+    answer = run_json(t, script_source(), ("--venv", venv, "history"), timeout=120,
+                      what="the overlay history", flags=("-I",), sudo=sudo, answers=None)
+    if answer.get("result") != "ok":
+        raise RemoteCommandError(f"{t.host}: overlay history of {venv}: "
+                                 f"{answer.get('message') or answer.get('result')}")
+    entries = answer.get("history", [])
+    message = answer.get("message")
+    return ([e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else [],
+            message if isinstance(message, str) else None)

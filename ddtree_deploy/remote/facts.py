@@ -90,9 +90,13 @@ def discover_venvs(roots: tuple[str, ...] | None = None) -> list[str]:
 def probe_venv(path: str, declared: bool, memo: Memo | None = None) -> dict[str, Any]:
     """Everything about one venv; problems go to its "error", never out of here."""
     memo = memo or Memo()
-    out: dict[str, Any] = {"path": path, "declared": declared, "exists": os.path.isdir(path)}
+    # a venv is a folder with a python: a bare folder (one a tool made, say) is none
+    python = os.path.join(path, "bin", "python")
+    out: dict[str, Any] = {"path": path, "declared": declared,
+                           "exists": os.path.isdir(path) and os.path.lexists(python)}
     if not out["exists"]:
-        out["error"] = f"{path}: no such directory"
+        out["error"] = (f"{path}: no such directory" if not os.path.isdir(path)
+                        else f"{path}: a folder without bin/python, not a venv")
         return out
     errors: list[str] = []
     sp = find_site_packages(path)

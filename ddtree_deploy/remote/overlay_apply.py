@@ -322,8 +322,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"op": args.command, "result": "ok"}
     code, site = EXIT_OK, None
+    if args.command == "history" and not os.path.isdir(args.venv):  # a read: nothing to say
+        out.update(history=[], message=f"venv not found: {args.venv}")
+        print(json.dumps(out))
+        return code
     try:
-        site = Site(args.venv, args.site_packages)
+        site = Site(args.venv, args.site_packages, create=args.command != "history")
         if args.command == "status" and args.token and args.wait > 0:
             await_file(os.path.join(site.dir, "results", args.token + ".json"), args.wait)
         dispatch(site, args, out)

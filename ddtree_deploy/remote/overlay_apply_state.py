@@ -90,7 +90,8 @@ def link_or_copy(src: str, dst: str) -> None:
 class Site:
     """The target venv: where RECORD paths land and where the overlay keeps its state."""
 
-    def __init__(self, venv: str, site: str | None) -> None:
+    def __init__(self, venv: str, site: str | None, create: bool = True) -> None:
+        """``create``: make the state folders (False for a read: history writes nothing)."""
         self.venv = os.path.realpath(venv)
         if not os.path.isdir(self.venv):
             raise Fail(f"venv not found: {venv}", EXIT_USAGE)
@@ -104,7 +105,7 @@ class Site:
         self.dir = os.path.join(self.venv, STATE)
         if os.path.realpath(self.dir) != self.dir:  # a symlink on the way leads elsewhere
             raise Fail(f"refusing: {self.dir} is not a folder of the venv itself", EXIT_USAGE)
-        for sub in ("backups", "staging", "results", "requests"):
+        for sub in ("backups", "staging", "results", "requests") if create else ():
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         self.journal = os.path.join(self.dir, "journal.json")
         self.protected = {self.venv, self.site, os.path.dirname(self.site),
