@@ -46,6 +46,15 @@ BLOCKING_EXACT = {"cudaMemcpy", "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemcpy"}
 
 def _blocking(name: str) -> bool:
     return name.endswith("Synchronize") or name in BLOCKING_EXACT
+
+
+# Runtime calls counted whole (``counts``): kernel launches (runtime and driver, Triton's
+# cuLaunchKernel among them), graph launches, host synchronisations, copies.
+COUNTED = {"launches": lambda n: "LaunchKernel" in n,
+           "graph_launches": lambda n: "GraphLaunch" in n,
+           "syncs": _blocking, "copies": lambda n: "Memcpy" in n}
+
+
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # "<built-in method sum of Tensor object at 0x..>"
 
 
@@ -222,6 +231,8 @@ def summarize(events: list[dict[str, Any]], *, steps: int, top: int = 40) -> dic
         calls[_name(e)][0] += 1
         calls[_name(e)][1] += float(e["dur"])
     blocking = sum(t for name, (_, t) in calls.items() if _blocking(name))
+    counts = {kind: sum(int(c) for name, (c, _) in calls.items() if test(name))
+              for kind, test in COUNTED.items()}
     kernel_names: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in kernels:
         kernel_names[_name(e)][0] += 1
@@ -248,6 +259,7 @@ def summarize(events: list[dict[str, Any]], *, steps: int, top: int = 40) -> dic
                      "per_step": round(c / per, 1)}
                     for n, (c, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:20]],
         "blocking_ms": round(blocking / 1000, 3),
+        "counts": counts,
         "blocking_per_step_ms": round(blocking / 1000 / per, 3),
         "host": {
             "ops_by_self": _top(table, ops, 2, top),

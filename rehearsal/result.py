@@ -71,6 +71,7 @@ class Result(BaseModel):
     perf: dict[str, dict[str, Any]] = Field(default_factory=dict)
     bench: dict[str, Any] | None = None
     profiles: dict[str, dict[str, Any]] | None = None  # perf --profile (rehearsal/profile.py)
+    perf8b: dict[str, Any] | None = None  # phase perf-8b (rehearsal/perf8b.py)
     not_run: list[NotRun] = Field(default_factory=list)
     errors: list[ErrorNote] = Field(default_factory=list)
 

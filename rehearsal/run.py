@@ -37,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rehearsal import perf8b
+
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path("/opt/torch/.venv")
 WORK = Path("/tmp/rehearsal")  # noqa: S108 -- the GPU host's scratch folder, made anew
@@ -192,6 +194,7 @@ class Rehearsal:
             folder = WORK / "models" / "dummy" / part
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+        perf8b.write_models(WORK / "models" / "q8b")
 
     def tool(self, hosts: Path, calls: list[tuple[str, list[str]]]) -> None:
         out = self.result.setdefault("tool", {})
@@ -274,7 +277,7 @@ class Rehearsal:
         from rehearsal import servers as srv
 
         env = work_env()
-        hosts = {s.name: srv.hosts_file(s, str(VENV), self.logs) for s in servers}
+        hosts = {s.name: srv.hosts_file(s, s.venv or str(VENV), self.logs) for s in servers}
         units = {}
         for s in servers:
             units[s.name] = srv.render(self.cli, hosts[s.name], s.name)
@@ -385,6 +388,9 @@ def _servers(phase: str) -> list[Any]:
         ]
     elif phase == "bench":
         specs = []  # bench starts its own servers (bench())
+    elif phase == perf8b.PHASE:
+        old = str(WORK / "venv-old") if perf8b.snapshot_dir(REPO) else None
+        specs = perf8b.servers(f"{m}/q8b", old_venv=old)
     else:
         # DFLASH first: the warm group starts alone, so a first-use stall of DFLASH's sampled
         # verify (runs 2-3) overlaps the other servers' start.
@@ -732,8 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--phase", default="correctness",
                     help="one phase or several, comma-separated (one install and one start of "
-                         "their servers): correctness, request-params, perf, dflash-sampled, "
-                         "bench")
+                         "their servers): correctness, request-params, perf, perf-8b, "
+                         "dflash-sampled, bench")
     ap.add_argument("--budget", type=float, default=540.0)
     ap.add_argument("--skip-checks", action="store_true",
                     help="perf: timings only (DFLASH's checks and the sampling laws ran before)")
@@ -785,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
         hosts = hosts_file(shared[0] if shared else Server("tool", str(WORK / "models/ladder"),
                                                            port=31099), str(VENV), r.logs)
         warm = None if a.no_prewarm else r.prewarm()
+        snapshot = perf8b.snapshot_dir(REPO)
+        if perf8b.PHASE in named and snapshot is not None:  # before the payload is deployed
+            r.step("old payload", lambda: perf8b.prepare_old(r, VENV, WORK, hosts, snapshot))
+            if not r.result["steps"]["old payload"]["ok"]:
+                shared = [s for s in shared if s.venv is None]
         if named != ("dflash-sampled",):
             r.step("payload deploy", lambda: r.deploy_payload(hosts))
         if shared:  # servers take longer to start than the prewarm has left to run
@@ -803,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
                 correctness(r, mine)
             elif phase == "perf":
                 perf(r, mine)
+            elif phase == perf8b.PHASE:
+                perf8b.run_phase(r, mine, WORK / "profiles-8b")
             elif phase == "dflash-sampled" and mine:
                 dflash_sampled(r, mine[0])
             elif phase == "bench":

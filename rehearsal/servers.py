@@ -62,6 +62,7 @@ class Server:
     # probe, whose sampled generation hangs DFLASH on dummy weights (run 5: its sampled verify
     # never returned, and the spinning server slowed every other one on the GPU).
     tool_probe: bool = True
+    venv: str | None = None  # another venv than the rehearsal's (perf-8b: an earlier payload)
 
     def deployment(self, venv_ref: str) -> dict:
         dep: dict = {
