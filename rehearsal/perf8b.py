@@ -50,7 +50,7 @@ PROMPT = [11, 12, 100]
 ENV = (("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1"),)
 # 5 big servers share one H200: each one's KV pool capped (36 layers x 8 heads x 128 x 2 x 2 B
 # = 147 KiB a token: 16k tokens are 2.4 GB), batch 32 x (3 + 64 + 32) tokens fits.
-EXTRA = ("--max-total-tokens", "16384", "--context-length", "2048")
+EXTRA = ("--max-total-tokens", "16384")
 
 
 def design() -> Any:
