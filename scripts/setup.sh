@@ -20,14 +20,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 # uv builds the project's venv from uv.lock (the tool, and the lab from lab/ as a workspace
-# member: the tests', benchmarks' and demo's hosts); uv comes from PyPI into a venv of its own.
+# member: the tests', benchmarks' and demo's hosts); uv comes from PyPI into a venv of its own
+# (DDTREE_DEPLOY_UV_HOME, /opt/ddtree-deploy-uv unless set: scripts/fresh-run.sh gives an empty one).
+UV_HOME=${DDTREE_DEPLOY_UV_HOME:-/opt/ddtree-deploy-uv}
 UV=$(command -v uv || true)
 if [ -z "$UV" ] || [ "$("$UV" --version | awk '{print $2}')" != "$UV_VERSION" ]; then
-  if [ ! -x /opt/ddtree-deploy-uv/bin/uv ]; then
-    python3 -m venv /opt/ddtree-deploy-uv
-    /opt/ddtree-deploy-uv/bin/pip install -q "uv==$UV_VERSION"
+  if [ ! -x "$UV_HOME/bin/uv" ]; then
+    python3 -m venv "$UV_HOME"
+    "$UV_HOME/bin/pip" install -q "uv==$UV_VERSION"
   fi
-  UV=/opt/ddtree-deploy-uv/bin/uv
+  UV=$UV_HOME/bin/uv
 fi
 # --compile-bytecode, and compileall for the project's own (editable) source: the CLI starts
 # from .pyc files even where PYTHONDONTWRITEBYTECODE is set (about 60 ms per command).

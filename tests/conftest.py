@@ -45,6 +45,13 @@ def pytest_configure(config: pytest.Config) -> None:
                        ("lab", "the systemd-nspawn lab and its machinery")):
         config.addinivalue_line("markers", f"{tier}: tier ({what}); set by tests/tiers.py")
     config.stash[_GUARD] = tiers.UnitGuard()
+    # matplotlib builds its font cache on first use, and with the system's fonts that runs
+    # fc-list (a process: refused in the unit tier) whenever its cache folder is empty, as on a
+    # new machine. The session gives it a folder of its own and its bundled fonts only (the
+    # subprocesses the tests start inherit both).
+    config.stash[_MPL] = tempfile.mkdtemp(prefix="ddt-mpl-")
+    os.environ["MPLCONFIGDIR"] = config.stash[_MPL]
+    os.environ["MPL_IGNORE_SYSTEM_FONTS"] = "1"
     report = config.getoption("--skip-report", None)
     if report:
         config.pluginmanager.register(SkipReport(Path(report)), "skip-report")
@@ -66,6 +73,12 @@ class SkipReport:
 
 
 _GUARD = pytest.StashKey["tiers.UnitGuard"]()
+_MPL = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _MPL in config.stash:
+        shutil.rmtree(config.stash[_MPL], ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

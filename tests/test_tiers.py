@@ -3,6 +3,8 @@ contradict it; the unit guard names the program a unit test started."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,3 +96,14 @@ def test_the_unit_guard_sees_os_system_and_forks() -> None:
     finally:
         seen, guard.current = guard.current, None
     assert seen == ["true", "a fork"]
+
+
+def test_matplotlibs_font_cache_is_built_without_a_process() -> None:
+    """On a new machine matplotlib's cache folder is empty and building it ran fc-list, which
+    the unit guard refuses: the session gives matplotlib a folder of its own and its own fonts."""
+    from matplotlib import font_manager
+
+    assert os.environ["MPLCONFIGDIR"].startswith(tempfile.gettempdir())
+    manager = font_manager._load_fontmanager(try_read_cache=False)  # as with an empty cache
+    assert manager.ttflist and all(f.fname.startswith(os.path.dirname(font_manager.__file__))
+                                   for f in manager.ttflist)
