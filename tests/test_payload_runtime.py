@@ -280,12 +280,13 @@ def test_greedy_rows_of_a_mixed_batch_take_their_argmax_and_the_dense_path_sampl
     logits[:, 5] = 1.0  # a tie: the argmax is the first of them, whatever the batch holds
     ks = torch.tensor([1, 1, 8, 8, 1, 8])
     got = sampling.sample_tokens(logits, torch.ones(6), ks, torch.ones(6), max_top_k=8,
-                                 need_top_p=False, generator=torch.Generator().manual_seed(1))
+                                 min_top_k=8, need_top_p=False,
+                                 generator=torch.Generator().manual_seed(1))
     assert got[[0, 1, 4]].tolist() == [int(torch.argmax(logits[0]))] * 3
     rows = 4000
     dense = sampling.sample_tokens(torch.log(torch.tensor([[0.5, 0.25, 0.25]])).expand(rows, 3),
                                    torch.ones(rows), torch.full((rows,), 3), torch.ones(rows),
-                                   max_top_k=3, need_top_p=False,
+                                   max_top_k=3, min_top_k=3, need_top_p=False,
                                    generator=torch.Generator().manual_seed(2))
     assert (dense == 0).float().mean().item() == pytest.approx(0.5, abs=0.03)
 

@@ -41,6 +41,12 @@ logits = torch.tensor([[0.0, 3.0, 0.0]] * 400)
 ones = torch.ones(400)
 s = ddtree_sampling.sample_tokens(logits, ones * 4.0, torch.full((400,), 3), ones,
                                   generator=torch.Generator().manual_seed(0))
+mixed = torch.arange(8.0).expand(800, 8)  # rows alternate top-k 2 and top-k unset (1 << 30)
+ks = torch.tensor([2, 1 << 30]).repeat(400)
+m = ddtree_sampling.sample_tokens(mixed, torch.full((800,), 50.0), ks, torch.ones(800),
+                                  max_top_k=1 << 30, min_top_k=2, need_top_p=False,
+                                  generator=torch.Generator().manual_seed(0))
+sys.stderr.write("TOPK " + str(float((m[0::2] < 6).float().mean())) + "\n")
 print(int(flat.sum()), float((s == 1).float().mean()))
 """
 
@@ -64,6 +70,9 @@ def _flat(stderr: str, tag: str = "FLAT") -> str:
                 if line.startswith(tag + " "))
 
 
+_last_stderr: list[str] = [""]
+
+
 def _run(pkg: Path, fault: str | None) -> tuple[int, float, str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if fault:
@@ -72,6 +81,7 @@ def _run(pkg: Path, fault: str | None) -> tuple[int, float, str, str]:
     done = subprocess.run([sys.executable, "-c", _PROBE, str(pkg)], capture_output=True,
                           text=True, env=env, check=True, timeout=120)
     allowed, share = done.stdout.split()
+    _last_stderr[:] = [done.stderr]
     if fault:
         assert f"REHEARSAL FAULT ACTIVE: {fault}" in done.stderr
     return int(allowed), float(share), _flat(done.stderr), _flat(done.stderr, "PLACED")
@@ -80,6 +90,7 @@ def _run(pkg: Path, fault: str | None) -> tuple[int, float, str, str]:
 def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) -> None:
     pkg = _package(tmp_path)
     clean_allowed, clean_share, clean_flat, clean_placed = _run(pkg, None)
+    assert float(_flat(_last_stderr[0], "TOPK")) == 0.0  # top-k 2 keeps tokens 6 and 7 only
     assert clean_placed == clean_flat  # the device index places the mask where offsets do
     assert clean_allowed == 3  # three slots that each see only themselves
     assert 0.4 < clean_share < 0.75  # token 1 at temperature 4: e^0.75 / (e^0.75 + 2) = 0.51
@@ -92,6 +103,8 @@ def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) 
     assert greedy_share == 1.0
     _, hot_share, _, _ = _run(pkg, "hot")
     assert hot_share > 0.8  # temperature 1: e^3 / (e^3 + 2) = 0.91
+    _run(pkg, "topk-shortcut")
+    assert float(_flat(_last_stderr[0], "TOPK")) > 0.5  # the whole vocabulary, nearly uniform
 
 
 def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:

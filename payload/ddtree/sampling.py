@@ -19,17 +19,30 @@ over the top-k, which keeps fewer tokens; it ignores min-p.) A greedy request (S
 top-k 1) gets its argmax. The draw is the exponential race (``argmax p_i / E_i`` with
 ``E_i ~ Exp(1)``), an exact categorical sample with no host synchronisation. Rows are processed in
 chunks so that the ``[rows, vocab]`` float32 temporaries stay bounded; where no row restricts the
-vocabulary (top-k unset, top-p 1, no min-p) the full softmax is sampled without sorting.
+vocabulary (every sampled row's top-k unset, top-p 1, no min-p) the full softmax is sampled
+without sorting. That shortcut is keyed on the *smallest* top-k of the rows that sample: keyed on
+the largest (payload 0.2.2), a top-k 2 row sharing a batch with rows that leave top-k unset
+sampled the whole vocabulary (issue 25, seen on the H200).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor
 
-__all__ = ["filtered_probs", "sample_tokens"]
+__all__ = ["filtered_probs", "sample_tokens", "top_k_bounds"]
 
 CHUNK_ELEMENTS = 1 << 25  # float32 elements per temporary (128 MiB)
+
+
+def top_k_bounds(top_ks: Iterable[int]) -> tuple[int, int]:
+    """``(largest, smallest)`` top-k among the rows that sample (top-k > 1), from the host's
+    requests (no device read); ``(1, 1)`` when every row is greedy. ``sample_tokens``'s
+    ``max_top_k`` and ``min_top_k``."""
+    sampled = [int(k) for k in top_ks if int(k) > 1]
+    return max(sampled, default=1), min(sampled, default=1)
 
 
 def filtered_probs(
@@ -78,20 +91,23 @@ def sample_tokens(
     min_ps: Tensor | None = None,
     *,
     max_top_k: int | None = None,
+    min_top_k: int | None = None,
     need_top_p: bool = True,
     generator: torch.Generator | None = None,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> Tensor:
     """One sample per row of ``logits [R, V]`` under each row's filters -> ``[R]`` int64.
 
-    ``max_top_k``: the largest top-k among the rows that sample (greedy rows, top-k 1, take
-    their argmax whatever it is), known on the host; ``need_top_p``: whether any row has
-    top-p < 1. With neither restricting the vocabulary and no min-p, no sort is needed.
+    ``max_top_k`` and ``min_top_k``: the largest and the smallest top-k among the rows that
+    sample (greedy rows, top-k 1, take their argmax whatever it is), known on the host;
+    ``need_top_p``: whether any row has top-p < 1. Only when even the smallest top-k covers the
+    vocabulary, no row has top-p < 1 and there is no min-p is the sort skipped: each row keeps
+    its own filters whatever its batch-mates ask.
     """
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     greedy = top_ks.to(device=logits.device).view(-1) <= 1
-    dense = max_top_k is not None and max_top_k >= vocab and not need_top_p and min_ps is None
+    dense = min_top_k is not None and min_top_k >= vocab and not need_top_p and min_ps is None
     step = max(1, chunk_elements // max(1, vocab))
     for lo in range(0, rows, step):
         hi = min(rows, lo + step)

@@ -8,6 +8,9 @@ function as soon as its module is loaded, before any other module imports it by 
   unrelated node); a context-sensitive target must then answer differently.
 * ``greedy-follow``: sampled requests follow the target's argmax (the payload before 0.2.0).
 * ``hot``: the sampler ignores the request's temperature (a biased sampler).
+* ``topk-shortcut``: payload 0.2.2's dense shortcut, keyed on the batch's *largest* top-k: a
+  top-k 2 request beside requests that leave top-k unset samples the whole vocabulary
+  (issue 25's first finding; the request-parameter phase must fail it).
 
 (An A/B of the payload itself, e.g. its round graphs off, is a server environment variable:
 ``rehearsal/run.py`` EAGER_ROUND.)
@@ -25,6 +28,7 @@ _MODULES = {
     "mask": "sglang.srt.speculative.ddtree_verify",
     "greedy-follow": "sglang.srt.speculative.ddtree_sampling",
     "hot": "sglang.srt.speculative.ddtree_sampling",
+    "topk-shortcut": "sglang.srt.speculative.ddtree_sampling",
 }
 
 
@@ -51,6 +55,14 @@ def _patch(module):  # type: ignore[no-untyped-def]
 
         def sample_tokens(logits, temperatures, top_ks, top_ps, min_ps=None, **kw):  # type: ignore[no-untyped-def]
             return original_sample(logits, temperatures * 0 + 1, top_ks, top_ps, min_ps, **kw)
+
+        module.sample_tokens = sample_tokens
+    elif FAULT == "topk-shortcut":
+        fair = module.sample_tokens
+
+        def sample_tokens(logits, temperatures, top_ks, top_ps, min_ps=None, **kw):  # type: ignore[no-untyped-def]
+            kw["min_top_k"] = kw.get("max_top_k")  # the shortcut keyed on the largest top-k
+            return fair(logits, temperatures, top_ks, top_ps, min_ps, **kw)
 
         module.sample_tokens = sample_tokens
     sys.stderr.write(f"REHEARSAL FAULT ACTIVE: {FAULT} in {module.__name__} (pid {os.getpid()})\n")

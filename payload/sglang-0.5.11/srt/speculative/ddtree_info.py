@@ -23,7 +23,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.managers.schedule_batch import ScheduleBatch
-from sglang.srt.speculative.ddtree_sampling import sample_tokens
+from sglang.srt.speculative.ddtree_sampling import sample_tokens, top_k_bounds
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.ddtree_verify import (
     RoundResult,
@@ -98,16 +98,16 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         if info is None or info.is_all_greedy:
             return torch.argmax(logits, dim=-1).view(bs, n)
         min_ps = info.min_ps.reshape(-1) if info.need_min_p_sampling else None
-        # The largest top-k of the requests that sample, from the host (no device read).
-        sampled_ks = [int(r.sampling_params.top_k) for r in batch.reqs
-                      if int(r.sampling_params.top_k) > 1]
+        # The largest and smallest top-k of the requests that sample, from the host.
+        max_top_k, min_top_k = top_k_bounds(r.sampling_params.top_k for r in batch.reqs)
         return sample_tokens(
             logits,
             torch.repeat_interleave(info.temperatures.reshape(-1), n),
             torch.repeat_interleave(info.top_ks.reshape(-1), n),
             torch.repeat_interleave(info.top_ps.reshape(-1), n),
             None if min_ps is None else torch.repeat_interleave(min_ps, n),
-            max_top_k=max(sampled_ks, default=1),
+            max_top_k=max_top_k,
+            min_top_k=min_top_k,
             need_top_p=bool(info.need_top_p_sampling),
         ).view(bs, n)
 
