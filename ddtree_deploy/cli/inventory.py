@@ -94,7 +94,8 @@ def doctor(
             str(dep.model_path) if dep.model_path else None,
             str(dep.draft_model_path) if dep.draft_model_path else None,
         )
-    findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=model_facts)
+    findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=model_facts,
+                        venv_spec=spec.venvs.get(dep.venv) if dep is not None else None)
     if as_json:
         print_json(out, {
             "host": spec.name,

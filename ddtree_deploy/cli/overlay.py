@@ -10,6 +10,7 @@ import typer
 from ddtree_deploy.cli.common import config_of, console, print_json, rich_console
 from ddtree_deploy.cli.text import plain
 from ddtree_deploy.config.hosts import Config
+from ddtree_deploy.config.roles import refuse_write
 from ddtree_deploy.errors import ExitCode, UsageError
 
 app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_kernel) between "
@@ -90,6 +91,9 @@ def overlay(
     wanted = parse_targets(to or [], venv) or [("", None)]
     targets = [_target(config, lane.lane, h or None, _host_path(v, "--to HOST:VENV"))
                for h, v in wanted]
+    if not dry_run:
+        for h, v in targets:
+            refuse_write(config.host(h), v, f"overlay --abi {lane.lane}")
     cache = BlobCache()
     if dry_run:
         from ddtree_deploy.overlay.render import render_plan  # rich: only to draw the plan
@@ -141,6 +145,7 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...),
     _host_path(venv, "--venv")
     config = config_of(ctx)
     spec = config.host(host)
+    refuse_write(spec, venv, "overlay rollback")
     with open_transport(config, spec) as t:
         outcome = remote_apply.rollback(t, venv, sudo=spec.use_sudo)
     FactsCache().drop(spec)

@@ -9,6 +9,7 @@ import typer
 
 from ddtree_deploy.cli.common import config_of, console, print_json
 from ddtree_deploy.cli.text import esc, plain
+from ddtree_deploy.config.roles import refuse_write
 
 app = typer.Typer(help="The DDTree runtime as a payload on a venv's SGLang.", no_args_is_help=True)
 out = console(soft_wrap=True)
@@ -54,6 +55,7 @@ def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
 
     config = config_of(ctx)
     spec = config.host(host)
+    refuse_write(spec, venv, "payload deploy")
     manifest, folder = _manifest(payload)
     with open_transport(config, spec) as t:
         outcome = ops.deploy(t, venv, manifest, folder)
@@ -95,6 +97,7 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
 
     config = config_of(ctx)
     spec = config.host(host)
+    refuse_write(spec, venv, "payload rollback")
     with open_transport(config, spec) as t:
         outcome = ops.rollback(t, venv)
     FactsCache().drop(spec)

@@ -6,6 +6,7 @@ import typer
 
 from ddtree_deploy.cli.common import config_of, console
 from ddtree_deploy.cli.text import plain
+from ddtree_deploy.config.roles import refuse_write
 
 app = typer.Typer(help="Venvs on a host.", no_args_is_help=True)
 out = console(soft_wrap=True)
@@ -27,6 +28,7 @@ def clone(ctx: typer.Context, host: str = typer.Argument(...),
 
     config = config_of(ctx)
     spec = config.host(host)
+    refuse_write(spec, dst, "venv clone (into it)")  # cloning FROM a protected venv is fine
     with open_transport(config, spec) as t:
         result = do_clone(t, src, dst)
     FactsCache().drop(spec)

@@ -45,6 +45,7 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^}]*\}?
 
 CudaLane = Literal["cu128", "cu130"]
 VenvRole = Literal["source", "training", "serving", "scratch"]
+PROTECTED_ROLES = ("source", "training")  # never written into without venvs.NAME.allow_writes
 Algorithm = Literal["none", "dflash", "ddtree"]
 # sglang 0.5.11 ATTENTION_BACKEND_CHOICES (sglang/srt/server_args.py).
 AttentionBackend = Literal[
@@ -320,6 +321,14 @@ class VenvSpec(_Model):
     path: RemotePath
     role: VenvRole
     create: VenvCreate | None = None
+    # a source ("never modified") or training ("leave it alone") venv is written into
+    # (packages, CUDA lane, payload, a clone into it) only when this says so
+    allow_writes: bool = False
+
+    @property
+    def protected(self) -> bool:
+        """Whether the tool refuses to write into this venv (its role, not overridden)."""
+        return self.role in PROTECTED_ROLES and not self.allow_writes
 
 
 class HostSpec(_Model):

@@ -9,9 +9,14 @@ what that earlier step will produce: the clone's source venv, the lane.
 from __future__ import annotations
 
 from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
+from ddtree_deploy.config.roles import refuse_write
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.steps import HostPlanning, Planning, Step, registry
 from ddtree_deploy.facts.model import Facts
+
+# the kinds that write into the deployment's venv (refused in a source or training venv)
+WRITES_VENV = ("venv.create", "lane.overlay", "package.install", "payload.upgrade",
+               "payload.deploy")
 
 
 def plan_deployment(config: Config, host: HostSpec, d: Deployment, facts: Facts,
@@ -21,6 +26,10 @@ def plan_deployment(config: Config, host: HostSpec, d: Deployment, facts: Facts,
     for kind in registry():
         if kind.plan is not None:
             steps += kind.plan(ctx)
+    writes = [s for s in steps if s.pending and s.kind in WRITES_VENV]
+    if writes:
+        refuse_write(host, ctx.venv, f"deployment {d.name}'s "
+                     + ", ".join(f"{s.kind} ({s.title})" for s in writes))
     return steps
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
-from ddtree_deploy.config.schema import Deployment
+from ddtree_deploy.config.schema import Deployment, VenvSpec
 from ddtree_deploy.facts.model import Facts, Gpu, Venv
 from ddtree_deploy.rules.findings import Finding
 from ddtree_deploy.rules.model_fit import ModelFacts
@@ -23,6 +23,7 @@ class RuleContext:
     model_facts: ModelFacts | None = None
     lanes: tuple[tuple[str, str], ...] = ()  # (where, lane) of everything diagnosed: driver rule
     lane_report: LaneReport | None = field(default=None)
+    venv_spec: VenvSpec | None = None  # the deployment's venv as hosts.yaml declares it (role)
 
     @property
     def host(self) -> str:
@@ -39,7 +40,7 @@ class RuleContext:
     def with_venv(self, path: str | None, venv: Venv | None) -> RuleContext:
         report = lane(venv) if venv is not None and venv.exists else None
         return RuleContext(self.facts, path, venv, self.deployment, self.model_facts, self.lanes,
-                           report)
+                           report, self.venv_spec)
 
     def dist(self, name: str) -> str | None:
         """The installed version of a distribution in the venv, by canonical name."""

@@ -350,8 +350,27 @@ def ddtree_verify_width(ctx: RuleContext) -> Iterable[Finding]:
     )  # fmt: skip
 
 
+def venv_role(ctx: RuleContext) -> Iterable[Finding]:
+    """A deployment served from a source or training venv: apply will not write into it."""
+    dep, spec = ctx.deployment, ctx.venv_spec
+    if dep is None or spec is None or not spec.protected:
+        return
+    path = str(spec.path)
+    yield Finding(
+        id="deploy.venv-role", severity="warning",
+        message=f"deployment {dep.name} runs from venv {path}, whose role is {spec.role}: plan "
+        "and apply refuse to write into it (packages, CUDA lane, payload, a clone into it); "
+        "running a service from it stays allowed",
+        evidence={"venv": path, "role": spec.role, "deployment": dep.name},
+        remedy=f"serve from a venv of role serving cloned from it (hosts.yaml: a venv with "
+        f"create: {{clone: {dep.venv}}}, named in deployments.{dep.name}.venv), then "
+        f"{findings.apply(dep.host)}; or set venvs.{dep.venv}.allow_writes: true for host "
+        f"{dep.host} to let the tool change it",
+    )  # fmt: skip
+
+
 # Rules about the host's resources (run once) and about the deployment's venv (per venv).
 # python_glibc runs with the deployment's venv when it exists, else with the host's Python.
 DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, tp_gpus, port_taken, ddtree_attention,
-                                       ddtree_verify_width, python_glibc)
+                                       ddtree_verify_width, python_glibc, venv_role)
 DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, ddtree_payload)

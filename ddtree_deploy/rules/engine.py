@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ddtree_deploy.config.schema import Deployment
+from ddtree_deploy.config.schema import Deployment, VenvSpec
 from ddtree_deploy.facts.model import Facts, Venv
 from ddtree_deploy.rules import findings
 from ddtree_deploy.rules.checks import HOST_RULES, VENV_RULES
@@ -62,6 +62,7 @@ def diagnose(
     venv: str | None = None,
     deployment: Deployment | None = None,
     model_facts: ModelFacts | None = None,
+    venv_spec: VenvSpec | None = None,
 ) -> list[Finding]:
     """Every finding about the host (and the venv, the deployment, the models), error first."""
     targets = _targets(facts, venv, deployment)
@@ -72,7 +73,8 @@ def diagnose(
             lanes.append((path, report.lane))
     if deployment is not None:
         lanes.append((f"deployment {deployment.name}", deployment.cuda_lane))
-    base = RuleContext(facts, deployment=deployment, model_facts=model_facts, lanes=tuple(lanes))
+    base = RuleContext(facts, deployment=deployment, model_facts=model_facts, lanes=tuple(lanes),
+                       venv_spec=venv_spec)
 
     out = _run(HOST_RULES, replace(base, venv_path=venv))
     for path, found in targets:
