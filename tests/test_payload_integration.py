@@ -314,6 +314,10 @@ class _Req:
         self.origin_input_ids, self.output_ids = prompt, [root]
         self.grammar, self.spec_verify_ct, self.spec_accepted_drafts = None, 0, 0
         self.kv_committed_len = self.kv_allocated_len = len(prompt)
+        self.require_reasoning, self.reasoning_seen = root == TRUE[4], []  # the first request
+
+    def update_reasoning_tokens(self, token_id: list[int], think_end_id: int) -> None:
+        self.reasoning_seen.append((list(token_id), think_end_id))
 
     def check_finished(self) -> None:
         pass
@@ -337,7 +341,7 @@ def _batch(prompts: list[list[int]], kv: dict[int, tuple[int, int]], alloc: _All
         sampling_info=None, seq_lens=lens.clone(), seq_lens_cpu=lens.clone(),
         seq_lens_sum=int(lens.sum()), req_pool_indices=torch.arange(bs), tree_cache=alloc,
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        token_to_kv_pool_allocator=alloc)
+        token_to_kv_pool_allocator=alloc, model_config=types.SimpleNamespace(think_end_id=77))
 
 
 def _target_forward(batch: Any, spec: Any, kv: dict[int, tuple[int, int]]) -> Any:
@@ -394,6 +398,9 @@ def test_tree_round_commits_a_sibling_the_chain_misses(verify_mods: Any) -> None
     tree_batch, (new_id, commit, hidden, accepted), kv, alloc = _round(verify_mods, False)
     chain_batch, (_, chain_commit, _, chain_accepted), _, _ = _round(verify_mods, True)
     assert tree_batch.reqs[0].output_ids == TRUE[4:10]  # 5, 6 (the sibling), 7, 8, bonus 9
+    # reasoning tokens counted from the committed tokens, as SGLang's plain decode counts them
+    assert tree_batch.reqs[0].reasoning_seen == [(TRUE[5:10], 77)]
+    assert tree_batch.reqs[1].reasoning_seen == []  # require_reasoning not set
     assert chain_batch.reqs[0].output_ids == TRUE[4:7]  # 5, then 30 misses: bonus 6
     assert accepted == [4, 4] and chain_accepted == [1, 4]
     assert commit.tolist() == [5, 5] and chain_commit.tolist() == [2, 5]

@@ -138,6 +138,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         commit_cpu: List[int] = []
         accepted_cpu: List[int] = []
         verified: List[int] = []
+        think_end_id = getattr(getattr(batch, "model_config", None), "think_end_id", None)
         for i, req in enumerate(batch.reqs):
             row = packed[i]
             proposed = row[: row[2 * steps] + 1]
@@ -150,6 +151,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
                     break
                 if req.grammar is not None:
                     req.grammar.accept_token(int(token_id))
+            if appended and req.require_reasoning and think_end_id is not None:
+                # counted as without speculation (SGLang 0.5.11 skips it for spec v1)
+                req.update_reasoning_tokens(req.output_ids[-appended:], think_end_id)
             if req.output_ids:
                 verified.append(int(req.output_ids[-1]))
             else:

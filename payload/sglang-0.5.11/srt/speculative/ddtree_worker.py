@@ -31,6 +31,7 @@ from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.ddtree_admission import check_target
 from sglang.srt.speculative.ddtree_args import DEFAULT_BUDGET, ddtree_draft_block_size
 from sglang.srt.speculative.ddtree_core import draft_topk
 from sglang.srt.speculative.ddtree_graphs import GraphCache
@@ -79,6 +80,15 @@ class DDTreeWorker(DFlashWorker):
                 "DDTREE full-tree verification does not support hybrid (mamba) targets; "
                 "use --speculative-ddtree-shadow-linear or --speculative-algorithm DFLASH."
             )
+        # The window SGLang's attention applies (ModelRunner.sliding_window_size), never a
+        # config.json key (Qwen2.5/Qwen3 carry an unused one).
+        why = check_target(
+            str(server_args.model_path),
+            getattr(self.target_worker.model_runner, "sliding_window_size", None),
+            shadow_linear=self.ddtree_shadow_linear,
+        )
+        if why is not None:
+            raise RuntimeError(why)
         if self.tp_rank == 0:
             logger.info(
                 "DDTREE ready: budget=%d topk=%d block=%d mode=%s round_graphs=%s",
