@@ -13,7 +13,8 @@ import typer
 from ddtree_deploy.cli.common import config_of, console, hosts_or_all, print_json
 from ddtree_deploy.cli.files import output_path, read_input, write_output
 from ddtree_deploy.cli.text import esc, plain
-from ddtree_deploy.errors import ExitCode, UsageError
+from ddtree_deploy.config.hosts import Config
+from ddtree_deploy.errors import DeployError, ExitCode, RefusedError, UsageError
 
 out = console(soft_wrap=True)
 err = console(stderr=True, soft_wrap=True)
@@ -38,8 +39,29 @@ def _render(plan_: object) -> None:
         for change in s.changes:
             out.print(f"      -> {esc(change)}", highlight=False)
     n = len(plan_.changes)
-    out.print(f"\nPlan: {n} to change, {len(plan_.steps) - n} satisfied or checks."
-              if n else "\nNo changes: every deployment is as hosts.yaml says.")
+    planned = [h for h in plan_.hosts if h not in plan_.errors]
+    if planned:
+        out.print(f"\nPlan: {n} to change, {len(plan_.steps) - n} satisfied or checks."
+                  if n else "\nNo changes: every deployment is as hosts.yaml says.")
+    _facts_age(plan_)
+    for host, failure in plan_.errors.items():  # whole, under the plan: never hidden
+        out.print(f"[red]{esc(host)}: not planned[/red]: {esc(failure.get('error'))}",
+                  highlight=False)
+
+
+AGE_SHOWN_S = 5.0  # facts older than this are said to be so
+
+
+def _facts_age(plan_: object) -> None:
+    """Say how old each host's facts are when they came from the cache."""
+    from ddtree_deploy.converge.steps import Plan
+
+    assert isinstance(plan_, Plan)
+    for host, taken in sorted(plan_.facts_at.items()):
+        age = (plan_.made_at or time.time()) - taken
+        if taken and age >= AGE_SHOWN_S:
+            out.print(plain(f"{host}: planned on facts taken {age:.0f} s ago (from the cache; "
+                            "--refresh gathers them anew)"), markup=False, highlight=False)
 
 
 def plan(
@@ -57,14 +79,51 @@ def plan(
     names = hosts_or_all(config, hosts) if hosts else sorted(
         {d.host for d in config.deployments.values()})
     p = make_plan(config, names, refresh=refresh)
+    if len(p.hosts) == 1 and p.failures:  # one host, and it failed: its error, as ever
+        raise next(iter(p.failures.values()))
     if out_path is not None:
         write_output(out_path, json.dumps(p.as_json(), indent=1), "--out")
     if as_json:
         print_json(out, p.as_json())
     else:
         _render(p)
-    if p.changes:
-        raise typer.Exit(int(ExitCode.CHANGES_PENDING))
+    code = p.exit_code()  # 3 (some hosts not planned) wins over 4 (changes pending)
+    if code:
+        raise typer.Exit(code)
+
+
+
+def can_ask() -> bool:
+    """Whether apply can ask its question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def _check_version(saved: object, plan_file: Path) -> None:
+    """A saved plan runs only with the tool version that made it."""
+    from ddtree_deploy import __version__
+    from ddtree_deploy.converge.steps import Plan
+
+    assert isinstance(saved, Plan)
+    if saved.tool_version != __version__ or not saved.specs:
+        made = saved.tool_version or "a version that did not record itself"
+        raise RefusedError(f"{plan_file}: made by ddtree-deploy {made}, this is {__version__}",
+                           hint="make a new plan with this version (ddtree-deploy plan --out)")
+
+
+def _check_specs(saved: object, config: Config, host: str) -> None:
+    """The host's deployments in the hosts file must be those the saved plan was made from."""
+    from ddtree_deploy.converge.steps import HOST_KEY, Plan, spec_digests
+
+    assert isinstance(saved, Plan)
+    then, now = saved.specs.get(host) or {}, spec_digests(config, config.host(host))
+    changed = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    if changed:
+        what = ", ".join(f"host {host}'s venvs, models or GPUs" if k == HOST_KEY else
+                         f"deployment {k}" + (" (added)" if k not in then else
+                                              " (removed)" if k not in now else "")
+                         for k in changed)
+        raise RefusedError(f"{host}: {config.path} changed since the plan was made: {what}",
+                           hint="make a new plan (ddtree-deploy plan --out) and review it")
 
 
 def apply(
@@ -95,9 +154,10 @@ def apply(
                 isinstance(v, str) for v in saved.fingerprints.values()):
             raise UsageError(f"{plan_file}: not a saved plan (hosts and fingerprints must be "
                              "text)")
+        _check_version(saved, plan_file)
     names = hosts or (saved.hosts if saved else sorted({d.host for d in
                                                         config.deployments.values()}))
-    if not yes and not sys.stdin.isatty():
+    if not yes and not can_ask():
         raise UsageError("apply changes hosts: confirm on a terminal, or pass --yes")
     shown = threading.Lock()
 
@@ -110,14 +170,22 @@ def apply(
     if not yes:
         if saved is None:  # a preview to confirm; under its lock each host must still match it
             saved = make_plan(config, names, refresh=True)
-            _render(saved)
+        else:
+            out.print(plain(f"the saved plan {plan_file}, made "
+                            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.made_at))}"
+                            ":"), markup=False, highlight=False)
+        _render(saved)  # what will run, shown before the question
         if not typer.confirm(f"Apply to {', '.join(names)}?", default=False):
             raise typer.Exit(int(ExitCode.FAILED))
 
     def one(host: str) -> object:
         expected = saved.fingerprints.get(host) if saved else None
+        if saved is not None and host in saved.errors:
+            raise saved.failures.get(host) or DeployError(str(saved.errors[host].get("error")))
         if saved is not None and expected is None:
             raise UsageError(f"the saved plan has no steps for {host}")
+        if saved is not None:
+            _check_specs(saved, config, host)
         return apply_host(config, host, expected_fingerprint=expected,
                           report=lambda m: err.print(plain(m), markup=False, highlight=False),
                           probe_deadline=deadline,

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.converge import hoststate
 from ddtree_deploy.converge.planner import plan_host
-from ddtree_deploy.converge.steps import Acting, LiveFacts, Plan, Step, fingerprint, step_kind
+from ddtree_deploy.converge.steps import (
+    Acting,
+    LiveFacts,
+    Plan,
+    Step,
+    fingerprint,
+    spec_digests,
+    step_kind,
+)
 from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.facts.cache import FactsCache
 from ddtree_deploy.facts.gather import collect
@@ -64,17 +72,38 @@ def _plan_on(config: Config, host: HostSpec, facts: Facts,
     return plan_host(config, host, facts, state), fingerprint(facts, venvs, state.units)
 
 
-def plan_for(config: Config, host: HostSpec, *, refresh: bool) -> tuple[list[Step], str]:
-    return _plan_on(config, host, host_facts(config, host, refresh=refresh))
+def plan_for(config: Config, host: HostSpec, *, refresh: bool
+             ) -> tuple[list[Step], str, float]:
+    """The host's steps, its facts' fingerprint and when those facts were taken."""
+    facts = host_facts(config, host, refresh=refresh)
+    steps, print_ = _plan_on(config, host, facts)
+    return steps, print_, facts.taken_at
 
 
-def make_plan(config: Config, hosts: list[str], *, refresh: bool) -> Plan:
+def make_plan(config: Config, hosts: list[str], *, refresh: bool, concurrency: int = 8) -> Plan:
+    """Every host planned in parallel; a host that cannot be planned (unreachable, refused)
+    is an error of the plan, never a reason to hide the others'."""
+    from ddtree_deploy import __version__
+    from ddtree_deploy.transport.fanout import fan_out
+
+    outcomes = fan_out(hosts, lambda name: plan_for(config, config.host(name), refresh=refresh),
+                       concurrency=concurrency)
     steps: list[Step] = []
     prints: dict[str, str] = {}
-    for name in hosts:
-        host_steps, prints[name] = plan_for(config, config.host(name), refresh=refresh)
+    taken: dict[str, float] = {}
+    errors: dict[str, dict[str, object]] = {}
+    failures: dict[str, DeployError] = {}
+    for o in outcomes:
+        if o.value is None:
+            assert o.error is not None
+            errors[o.host] = {"error": str(o.error), "exit_code": int(o.error.exit_code)}
+            failures[o.host] = o.error
+            continue
+        host_steps, prints[o.host], taken[o.host] = o.value
         steps += host_steps
-    return Plan(hosts, steps, prints, made_at=time.time())
+    return Plan(hosts, steps, prints, made_at=time.time(), errors=errors,
+                specs={h: spec_digests(config, config.host(h)) for h in hosts},
+                tool_version=__version__, facts_at=taken, failures=failures)
 
 
 def _act(ctx: Acting, step: Step) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.facts.gather import gather
 from ddtree_deploy.facts.model import Facts
 
@@ -204,24 +205,67 @@ def registry() -> list[StepKind]:
 
 @dataclass
 class Plan:
+    """Steps for every host that could be planned; the others' errors as data (`errors`:
+    host -> {"error", "exit_code"}). A saved plan is pinned: to each host's facts
+    (`fingerprints`), to the validated deployment specs it was made from (`specs`: host ->
+    deployment -> digest, see spec_digests) and to the tool's version."""
+
     hosts: list[str]
     steps: list[Step]
     fingerprints: dict[str, str]  # host -> facts fingerprint the plan was made from
     made_at: float = 0.0
+    errors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    specs: dict[str, dict[str, str]] = field(default_factory=dict)
+    tool_version: str = ""
+    facts_at: dict[str, float] = field(default_factory=dict)  # host -> when its facts were taken
+    # the errors themselves, while the plan is in memory (never saved)
+    failures: dict[str, DeployError] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def changes(self) -> list[Step]:
         return [s for s in self.steps if s.pending]
 
+    def exit_code(self) -> int:
+        """0 nothing to change, 4 changes pending; 3 when some hosts could not be planned
+        (3 wins over 4: the reachable hosts' changes are shown); every host failed: their
+        shared code, else 1."""
+        if self.errors:
+            if len(self.errors) < len(self.hosts):
+                return int(ExitCode.PARTIAL)
+            codes = {int(e.get("exit_code", ExitCode.FAILED)) for e in self.errors.values()}
+            return codes.pop() if len(codes) == 1 else int(ExitCode.FAILED)
+        return int(ExitCode.CHANGES_PENDING) if self.changes else int(ExitCode.OK)
+
     def as_json(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "fingerprints": self.fingerprints, "made_at": self.made_at,
+                "tool_version": self.tool_version, "specs": self.specs,
+                "facts_at": self.facts_at, "errors": self.errors,
                 "changes": len(self.changes), "steps": [s.as_json() for s in self.steps]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
         return cls(hosts=list(data["hosts"]), fingerprints=dict(data["fingerprints"]),
                    made_at=float(data.get("made_at", 0.0)),
-                   steps=[Step.from_json(s) for s in data["steps"]])
+                   steps=[Step.from_json(s) for s in data["steps"]],
+                   errors=dict(data.get("errors") or {}), specs=dict(data.get("specs") or {}),
+                   tool_version=str(data.get("tool_version") or ""),
+                   facts_at=dict(data.get("facts_at") or {}))
+
+
+HOST_KEY = "(host)"  # spec_digests' entry for the host's own venvs, models and GPUs
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def spec_digests(config: Config, host: HostSpec) -> dict[str, str]:
+    """What a plan of `host` was made from in the hosts file, validated: each deployment on
+    it (every field: port, budget, flags...) and the host's venvs, models and GPUs; a
+    saved plan is refused when any of them differs."""
+    out = {d.name: _digest(d.model_dump(mode="json")) for d in config.deployments_on(host)}
+    out[HOST_KEY] = _digest(host.model_dump(mode="json", include={"venvs", "models", "gpus"}))
+    return out
 
 
 def fingerprint(facts: Facts, venvs: list[str], units: dict[str, str | None]) -> str:
