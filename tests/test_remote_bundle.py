@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_deploy.payload import state as payload_state
 from ddtree_deploy.remote import bundle, overlay_transfer
 
 REMOTE = Path(bundle.__file__).resolve().parent
@@ -39,6 +40,7 @@ def test_each_script_is_python_38_and_stdlib_only(name: str) -> None:
 
 
 BUNDLES = {"facts": bundle.FACTS.source, "overlay apply": bundle.OVERLAY_APPLY.source,
+           "payload tool": payload_state.SCRIPT.source,
            "staging check": overlay_transfer.staging_check,
            "staging receive": overlay_transfer.staging_receive}
 

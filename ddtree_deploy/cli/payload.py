@@ -34,6 +34,8 @@ def _render(outcome, as_json: bool) -> None:
     was = f", was {outcome.previous}" if outcome.previous else ""
     out.print(plain(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, "
                     f"payload {outcome.payload or '-'}{was})"), markup=False, highlight=False)
+    for note in outcome.notes:
+        out.print(plain(f"  note: {note}"), markup=False, highlight=False)
     for c in outcome.checks:
         style = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
         out.print(f"  [{style}]{c.status}[/{style}] {esc(c.name)} ({esc(c.mode)}): "
@@ -81,7 +83,8 @@ def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
             else:
                 out.print(f"{venv}: no payload deployed", markup=False, highlight=False)
             raise typer.Exit(1)
-        checks = ops.verify(t, venv, manifest, state.package_dir, torch=found["torch"])
+        checks = ops.verify(t, venv, manifest, state.package_dir, torch=found["torch"],
+                            state=state)
     outcome = ops.Outcome(venv, "verified", found["version"], state.version, checks)
     _render(outcome, as_json)
     _fail_on_checks(outcome)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_deploy.errors import ConfigError, DeployError, RefusedError, RemoteCommandError
+from ddtree_deploy.payload.lock import VenvLock
 from ddtree_deploy.payload.manifest import Manifest, Support, read_file, read_text
 from ddtree_deploy.payload.patching import apply_patch
 from ddtree_deploy.payload.state import (
@@ -58,6 +59,7 @@ class Outcome:
     payload: str | None = None
     checks: list[StepResult] = field(default_factory=list)
     previous: str | None = None  # upgraded: the version that was there
+    notes: list[str] = field(default_factory=list)  # what the lock found and undid
 
 
 def _shape(found: dict[str, Any], venv: str, host: str) -> dict[str, Any]:
@@ -71,10 +73,13 @@ def _shape(found: dict[str, Any], venv: str, host: str) -> dict[str, Any]:
     return found
 
 
-def locate(t: ExecTransport, venv: str, package: str, rels: list[str]) -> dict[str, Any]:
+def locate(t: ExecTransport, venv: str, package: str, rels: list[str],
+           plugin: dict[str, Any] | None = None) -> dict[str, Any]:
     """The package folder, the installed version, each named file's sha256 (None: absent),
-    torch present, and the state file's text ('state'; parse it with parse_state)."""
-    return _shape(call(t, venv, "locate", package=package, rels=rels), venv, t.host)
+    torch present, the state file's text ('state'; parse it with parse_state) and, asked
+    for a plugin distribution, what the venv holds of it ('plugin')."""
+    return _shape(call(t, venv, "locate", package=package, rels=rels, plugin=plugin), venv,
+                  t.host)
 
 
 def installed(t: ExecTransport, venv: str) -> tuple[dict[str, Any], PayloadState | None]:
@@ -181,7 +186,28 @@ def _plan_files(t: ExecTransport, venv: str, manifest: Manifest, folder: Path, v
     return new, add
 
 
+def all_targets(manifest: Manifest) -> list[str]:
+    return sorted({rel for v in manifest.sglang for rel in manifest.targets(v)})
+
+
 def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Outcome:
+    """The payload onto the venv, under the venv's lock (see the module's text)."""
+    with VenvLock(t, venv, all_targets(manifest)) as lock:
+        out = _deploy(t, venv, manifest, folder, lock)
+    out.notes = _notes(lock) + out.notes
+    return out
+
+
+def _notes(lock: VenvLock) -> list[str]:
+    notes = [lock.recovered] if lock.recovered else []
+    if lock.swept:
+        notes.append(f"removed {len(lock.swept)} temporary file(s) a killed run left: "
+                     + ", ".join(lock.swept[:5]) + (" ..." if len(lock.swept) > 5 else ""))
+    return notes
+
+
+def _deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path,
+            lock: VenvLock) -> Outcome:
     probe, state = installed(t, venv)
     version = probe["version"]
     support = _supported(manifest, version, venv, t.host)
@@ -199,7 +225,7 @@ def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Out
         intact = all(found["files"].get(rel) == h for rel, h in state.files.items())
         if same and intact:
             out = Outcome(venv, "unchanged", version, manifest.version)
-            out.checks = verify(t, venv, manifest, pkg, torch=found["torch"])
+            out.checks = verify(t, venv, manifest, pkg, torch=found["torch"], state=state)
             return out
         old = _old_payload(t, venv, state, version, support,
                            [p.target for p in support.patches])
@@ -214,12 +240,12 @@ def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Out
         "new_backup": f"{manifest.payload}-{manifest.version}-{time.strftime('%Y%m%dT%H%M%S')}"
                       f"-{os.urandom(3).hex()}"}
     call(t, venv, "install", timeout=300, package=support.package, originals=add,
-         restore=restore, state=state_doc,
+         restore=restore, state=state_doc, lock=lock.token,
          files={rel: base64.b64encode(data).decode() for rel, data in new.items()}, **where)
     checks = verify(t, venv, manifest, pkg, torch=found["torch"])
     failed = [c for c in checks if c.status == "failed"]
     if failed:
-        rollback(t, venv)
+        _rollback(t, venv, lock)
         raise DeployError(f"payload verify failed on {venv}: " + "; ".join(
             f"{c.name}: {c.detail}" for c in failed) + " (rolled back to the upstream files)")
     if old is None:
@@ -249,9 +275,25 @@ def full_stack(t: ExecTransport, venv: str, torch: bool) -> str | None:
     return f"the full stack does not import here ({last})"
 
 
-def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: bool
-           ) -> list[StepResult]:
-    results = []
+def files_check(t: ExecTransport, venv: str, state: PayloadState) -> StepResult:
+    """The payload's files compared with the sha256 its state recorded for each."""
+    found = locate(t, venv, "sglang", [], plugin={"dist": state.dist}) if state.form == "plugin" \
+        else locate(t, venv, state.package, sorted(state.files))
+    have = found["plugin"]["files"] if state.form == "plugin" else found["files"]
+    wrong = sorted(rel for rel, digest in state.files.items() if have.get(rel) != digest)
+    if wrong:
+        return StepResult("files", "light", "failed",
+                          f"{len(wrong)} of {len(state.files)} payload files differ from the "
+                          f"sha256 recorded at deploy: {', '.join(wrong[:5])}"
+                          + (" ..." if len(wrong) > 5 else ""))
+    return StepResult("files", "light", "passed",
+                      f"{len(state.files)} files match the sha256 recorded at deploy")
+
+
+def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: bool,
+           state: PayloadState | None = None) -> list[StepResult]:
+    """The recorded digests (with `state`), then the manifest's checks."""
+    results = [files_check(t, venv, state)] if state is not None else []
     missing = full_stack(t, venv, torch) if any(s.mode == "full" for s in manifest.verify) \
         else None
     for step in manifest.verify:
@@ -268,11 +310,19 @@ def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: 
     return results
 
 
-def rollback(t: ExecTransport, venv: str) -> Outcome:
+def rollback(t: ExecTransport, venv: str, manifest: Manifest | None = None) -> Outcome:
+    """Every upstream file back, under the venv's lock."""
+    with VenvLock(t, venv, all_targets(manifest) if manifest else []) as lock:
+        out = _rollback(t, venv, lock)
+    out.notes = _notes(lock) + out.notes
+    return out
+
+
+def _rollback(t: ExecTransport, venv: str, lock: VenvLock) -> Outcome:
     found, state = installed(t, venv)
     if state is None:
         return Outcome(venv, "nothing to roll back", found["version"])
-    got = call(t, venv, "restore", timeout=300, package=state.package,
+    got = call(t, venv, "restore", timeout=300, package=state.package, lock=lock.token,
                package_dir=state.package_dir, backup=state.backup)
     if got.get("wrong"):
         raise RemoteCommandError(f"rollback on {venv}: {', '.join(map(str, got['wrong']))} "

@@ -9,20 +9,20 @@ the host, the venv and what was wrong (exit 2), never a traceback.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from ddtree_deploy.errors import ExitCode, RefusedError, RemoteCommandError
 from ddtree_deploy.payload.manifest import PACKAGE, check_name, check_rel, check_sha
-from ddtree_deploy.remote.bundle import text
-from ddtree_deploy.remote.payload import STATE_DIR
+from ddtree_deploy.remote.bundle import Bundle
+from ddtree_deploy.remote.payload_fs import STATE_DIR
 from ddtree_deploy.remote.runner import (
     RemoteScriptError,
     RemoteScriptTimeout,
     run_json,
-    script_command,
 )
+from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 
 
@@ -41,10 +41,19 @@ def state_path(venv: str) -> str:
     return f"{venv.rstrip('/')}/{STATE_DIR}/payload.json"
 
 
-def program(request_json: str) -> bytes:
-    """The host-side script with its request appended (a Python string literal: no shell, no
-    argv)."""
-    return (text("payload.py") + f"\nmain({request_json!r})\n").encode()
+SCRIPT = Bundle("payload tool", ("payload_fs.py", "payload_venv.py", "payload_backup.py",
+                                  "payload_plugin.py", "payload.py"))
+
+
+def request(venv: str, op: str, **req: Any) -> bytes:
+    """The request line the host-side script reads first from its stdin."""
+    return (json.dumps({"op": op, "venv": venv.rstrip("/") or "/", **req}) + "\n").encode()
+
+
+def command(venv: str, stdin: bytes | None = None) -> Command:
+    """The venv's own python running the host-side script (`-I -c`: nothing of the host's
+    current folder or environment imported); its request comes on stdin."""
+    return Command((python_of(venv), "-I", "-c", SCRIPT.source()), stdin=stdin)
 
 
 def _shown(text: str, limit: int = 200) -> str:
@@ -55,7 +64,7 @@ def _shown(text: str, limit: int = 200) -> str:
 def call(t: ExecTransport, venv: str, op: str, timeout: float = 120, **req: Any
          ) -> dict[str, Any]:
     python = python_of(venv)
-    cmd = script_command(program(json.dumps({"op": op, **req})), python=python, flags=("-I",))
+    cmd = command(venv, request(venv, op, **req))
     try:
         doc = run_json(t, cmd, timeout=timeout, what="the payload tool", answers=None)
     except RemoteScriptTimeout:
@@ -88,14 +97,29 @@ class PayloadState(BaseModel):
     payload: str
     version: str
     sglang: str
+    form: Literal["patch", "plugin"] = "patch"
     package: str = "sglang"
     package_dir: str
-    backup: str
+    backup: str | None = None  # the plugin form keeps no backup (nothing upstream is written)
+    dist: str | None = None  # the plugin form: its distribution's name
     deployed_at: float | int = 0
     files: dict[str, str]
     digest: str | None = None
 
     _n = field_validator("payload", "version", "sglang")(check_name)
+
+    @field_validator("dist")
+    @classmethod
+    def _dist(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value)
+
+    @model_validator(mode="after")
+    def _form(self) -> PayloadState:
+        if self.form == "patch" and self.backup is None:
+            raise ValueError("a patch-form state names no backup folder")
+        if self.form == "plugin" and self.dist is None:
+            raise ValueError("a plugin-form state names no distribution")
+        return self
 
     @field_validator("package")
     @classmethod
@@ -106,7 +130,9 @@ class PayloadState(BaseModel):
 
     @field_validator("package_dir", "backup")
     @classmethod
-    def _abs(cls, value: str) -> str:
+    def _abs(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if not value.startswith("/") or "\0" in value:
             raise ValueError(f"expected an absolute path, got {value!r}")
         return value

@@ -1,244 +1,68 @@
-"""The payload's host side: one stdlib script run by the venv's own python (`python -I -`).
+"""The payload's host side: one stdlib script run by the venv's own python (`python -I -c`).
 
-payload/state.py sends this file with the request appended as a literal (`main({...})`), so a
-whole install is one round trip; importing it only defines (the workstation reads STATE_DIR).
-The script answers one JSON object: the result, {"refused": why} or
-{"error": why}. It trusts nothing it is sent or reads: every path it reads, writes or
-deletes is resolved (realpath) and must lie inside the venv (state, backups) or the target
-package (the payload's files) before it acts; a backup or package folder a request or the
-state file names must resolve to the one this venv really has; files it reads are regular
-files (a FIFO or /dev/zero named in a tampered state is refused, never read) of bounded size.
+The parts (`payload_fs.py`, `payload_venv.py`, `payload_backup.py`, `payload_plugin.py`, this
+module) are bundled into one script (payload/state.py); the request comes as the first line of
+stdin, so a whole install is one round trip. The script answers one JSON object: the result,
+{"refused": why} or {"error": why}. It trusts nothing it is sent or reads: the venv's python
+must be the venv's own (its resolved sys.prefix is the venv named); every path it reads, writes
+or deletes is resolved (realpath) and must lie inside the venv (state, backups) or the target
+package (the payload's files) before it acts; a backup or package folder a request or the state
+file names must resolve to the one this venv really has; files it reads are regular files (a
+FIFO or /dev/zero named in a tampered state is refused, never read) of bounded size.
 
 Ops:
-  locate  -- the package folder, sglang's version, each named file's sha256 (or symlink),
-             torch present, the state file's text (parsed by the workstation);
+  hold    -- take the venv's lock (refused with its holder's text when another holds it),
+             sweep this tool's own temporaries, undo an install cut short, answer, and keep
+             the lock until stdin closes;
+  locate  -- the package folder, its version, each named file's sha256 (or symlink), torch
+             present, the state file's text (parsed by the workstation), the plugin's
+             distribution and entry points;
   backup  -- a recorded backup: its manifest and each backed-up file's sha256 and, on
              request, contents;
   read    -- named package files' contents;
-  install -- back up the originals not yet in the backup, write the backup manifest, the
-             state, then each file (beside its target, then renamed over it: a symlink is
-             replaced, never written through), restore and remove what the old payload
-             touched and the new one does not, clear stale __pycache__;
-  restore -- put every original back from a backup (symlinks as symlinks), remove what the
-             payload added, clear __pycache__, check, then drop the state and the backup.
+  install -- (locked) back up the originals not yet in the backup, write the backup manifest
+             and the install note, then each file (beside its target, then renamed over it: a
+             symlink is replaced, never written through), restore what the old payload touched
+             and the new one does not, clear stale __pycache__, and only then the state; a
+             failure puts the upstream files back;
+  restore -- (locked) put every original back from a backup (symlinks as symlinks), remove
+             what the payload added, clear __pycache__, check, then drop the state and backup;
+  plugin ops: see payload_plugin.py.
 """
 
 import base64
-import hashlib
+import contextlib
 import json
 import os
-import re
 import shutil
-import stat
 import sys
-import sysconfig
 
-STATE_DIR = ".ddtree-deploy"
-MAX_DOC = 1 << 20
-MAX_FILE = 64 << 20
-PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
-REL = re.compile(rf"^{PART}(?:/{PART})*$")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+from ddtree_deploy.remote.payload_backup import (
+    backup_file,
+    backup_manifest,
+    drop_backup,
+    entry_of,
+    restore_all,
+    restore_one,
+    save_original,
+    write_manifest,
+)
+from ddtree_deploy.remote.payload_fs import (
+    MAX_DOC,
+    MAX_FILE,
+    NAME,
+    Refused,
+    clear_pycache,
+    read_small,
+    rel_ok,
+    sha,
+    sweep_temporaries,
+    write_atomic,
+)
+from ddtree_deploy.remote.payload_plugin import PLUGIN_OPS, plugin_facts
+from ddtree_deploy.remote.payload_venv import Venv
 
-
-class Refused(Exception):
-    pass
-
-
-def inside(path, root):
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def real_inside(path, root, what):
-    real = os.path.realpath(path)
-    if not inside(real, root):
-        raise Refused(f"{what} {path} resolves to {real}, outside {root}")
-    return real
-
-
-def rel_ok(rel):
-    if not isinstance(rel, str) or not REL.match(rel) or ".." in rel.split("/"):
-        raise Refused(f"{rel!r} is not a plain relative path")
-    return rel
-
-
-def read_small(path, limit, what):
-    """A regular file's bytes (never a FIFO, device or folder), at most `limit`."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the last part is a symlink
-            raise Refused(f"{what} {path} is a symlink") from None
-        raise
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{what} {path} is not a regular file")
-        if st.st_size > limit:
-            raise Refused(f"{what} {path} is larger than {limit:d} bytes")
-        return fh.read(limit + 1)[:limit]
-
-
-class Venv:
-    def __init__(self, package):
-        if not isinstance(package, str) or not PACKAGE.match(package):
-            raise Refused(f"{package!r} is not a package name")
-        self.prefix = os.path.realpath(sys.prefix)
-        self.purelib = sysconfig.get_paths()["purelib"]
-        real_inside(self.purelib, self.prefix, "site-packages")
-        self.package = package
-        pkg = os.path.join(self.purelib, package)
-        self.pkg = real_inside(pkg, self.prefix, "the package folder") \
-            if os.path.isdir(pkg) else None
-        self.state_dir = os.path.join(self.prefix, STATE_DIR)
-        if os.path.lexists(self.state_dir):
-            self.state_dir = real_inside(self.state_dir, self.prefix, "the state folder")
-        self.state_path = os.path.join(self.state_dir, "payload.json")
-        self.backups = os.path.join(self.state_dir, "backups")
-
-    def need_pkg(self):
-        if self.pkg is None:
-            raise Refused(f"{sys.prefix} has no package folder {self.package}")
-        return self.pkg
-
-    def target(self, rel):
-        """(path to write, kind): kind None (absent), "file" or "link"."""
-        pkg = self.need_pkg()
-        rel_ok(rel)
-        path = os.path.join(pkg, rel)
-        parent = real_inside(os.path.dirname(path), pkg, "the folder of")
-        path = os.path.join(parent, os.path.basename(path))
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return path, None
-        if stat.S_ISLNK(st.st_mode):
-            real_inside(path, pkg, "the symlink")
-            if not os.path.isfile(path):
-                raise Refused(f"the symlink {path} does not lead to a regular file")
-            return path, "link"
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{path} is not a regular file")
-        return path, "file"
-
-    def ensure_dir(self, root, parts):
-        cur = root
-        for part in parts:
-            cur = os.path.join(cur, part)
-            if not os.path.lexists(cur):
-                os.mkdir(cur, 0o755)
-            cur = real_inside(cur, root, "the folder")
-            if not os.path.isdir(cur):
-                raise Refused(f"{cur} is not a folder")
-        return cur
-
-    def recorded_backup(self, recorded):
-        """The backup folder a state names, proven to be one of this venv's backups."""
-        if not isinstance(recorded, str) or not recorded:
-            raise Refused("the state names no backup folder")
-        root = real_inside(self.backups, self.prefix, "the backups folder")
-        real = os.path.realpath(recorded)
-        if os.path.dirname(real) != root \
-                or not NAME.match(os.path.basename(real)):
-            raise Refused(f"the state names backup folder {recorded}, which is not this venv's "
-                          f"(in {self.backups})")
-        if not os.path.isdir(real):
-            raise Refused(f"backup folder {recorded} is missing")
-        return real
-
-    def recorded_package(self, recorded):
-        pkg = self.need_pkg()
-        if not isinstance(recorded, str) or os.path.realpath(recorded) != pkg:
-            raise Refused(f"the state names package folder {recorded!r}, which is not this "
-                          f"venv's {pkg}")
-        return pkg
-
-
-def sha(data):
-    return hashlib.sha256(data).hexdigest()
-
-
-def entry_of(path, kind, venv):
-    """An original as the backup records it: sha256 and, for a symlink, its text."""
-    if kind is None:
-        return None
-    data = read_small(os.path.realpath(path), MAX_FILE, "file")
-    return {"sha256": sha(data), "link": os.readlink(path) if kind == "link" else None}
-
-
-def backup_manifest(bdir):
-    """rel -> original entry (None: the payload added it). Reads both formats: version 2
-    {"format": 2, "originals": {rel: {sha256, link} | None}} and the first {rel: sha | None}."""
-    doc = json.loads(read_small(os.path.join(bdir, "manifest.json"), MAX_DOC,
-                                "the backup manifest").decode("utf-8"))
-    if isinstance(doc, dict) and doc.get("format") == 2:
-        doc = doc.get("originals")
-    if not isinstance(doc, dict):
-        raise Refused(f"the backup manifest in {bdir} is not a mapping")
-    out = {}
-    for rel, e in doc.items():
-        rel_ok(rel)
-        if isinstance(e, str):
-            e = {"sha256": e, "link": None}
-        if e is not None and not (isinstance(e, dict) and isinstance(e.get("sha256"), str)
-                                  and isinstance(e.get("link"), (str, type(None)))):
-            raise Refused(f"the backup manifest in {bdir}: {rel} has no valid entry")
-        out[rel] = None if e is None else {"sha256": e["sha256"], "link": e.get("link")}
-    return out
-
-
-def backup_file(bdir, rel, e):
-    """Path of a backed-up original, checked to lie inside the backup (a symlink is kept as
-    a symlink there: its text is checked against the manifest, never followed)."""
-    rel_ok(rel)
-    files = os.path.join(bdir, "files")
-    path = os.path.join(real_inside(os.path.dirname(os.path.join(files, rel)), bdir,
-                                    "the backup folder of"), os.path.basename(rel))
-    if e["link"] is not None:
-        if not os.path.islink(path) or os.readlink(path) != e["link"]:
-            raise Refused(f"backup of {rel} is not the symlink it recorded")
-        return path
-    read_small(path, MAX_FILE, "the backup of")  # a regular file, not a link out
-    return path
-
-
-def write_atomic(path, data, mode=0o644):
-    tmp = f"{path}.ddtree-tmp-{os.getpid():d}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def link_atomic(path, text):
-    tmp = f"{path}.ddtree-tmp-{os.getpid():d}"
-    os.symlink(text, tmp)
-    os.replace(tmp, path)
-
-
-def clear_pycache(pkg, rels):
-    removed = 0
-    for rel in rels:
-        if not rel.endswith(".py"):
-            continue
-        folder = os.path.join(pkg, os.path.dirname(rel), "__pycache__")
-        if not os.path.isdir(folder) or not inside(os.path.realpath(folder), pkg):
-            continue
-        stem = os.path.basename(rel)[:-3] + "."
-        for name in os.listdir(folder):
-            if name.startswith(stem) and name.endswith(".pyc"):
-                os.unlink(os.path.join(folder, name))
-                removed += 1
-    return removed
+MAX_REQUEST = 256 << 20
 
 
 def version_of(v):
@@ -257,14 +81,14 @@ def version_of(v):
 
 
 def op_locate(req):
-    v = Venv(req["package"])
+    v = Venv(req["package"], req["venv"])
     out = {"prefix": v.prefix, "purelib": v.purelib, "package_dir": v.pkg,
            "version": version_of(v), "files": {}, "links": {}, "state": None,
-           "state_error": None}
+           "state_error": None, "pending": os.path.lexists(v.pending_path)}
     if v.pkg is not None:
         for rel in req.get("rels", []):
             path, kind = v.target(rel)
-            e = entry_of(path, kind, v)
+            e = entry_of(path, kind)
             out["files"][rel] = e and e["sha256"]
             if kind == "link":
                 out["links"][rel] = e["link"]
@@ -275,11 +99,12 @@ def op_locate(req):
                 "utf-8", "replace")
         except Refused as exc:
             out["state_error"] = str(exc)
+    out["plugin"] = plugin_facts(v, req.get("plugin"))
     return out
 
 
 def op_backup(req):
-    v = Venv(req["package"])
+    v = Venv(req["package"], req["venv"])
     bdir = v.recorded_backup(req["backup"])
     originals = backup_manifest(bdir)
     files, content = {}, {}
@@ -289,8 +114,9 @@ def op_backup(req):
         path = backup_file(bdir, rel, e)
         if e["link"] is not None:  # kept as a link: its upstream bytes are where it leads
             target, _ = v.target(rel)
-            path = real_inside(os.path.join(os.path.dirname(target), e["link"]), v.pkg,
-                               "the symlink")
+            path = os.path.realpath(os.path.join(os.path.dirname(target), e["link"]))
+            if not path.startswith(v.need_pkg() + "/"):
+                raise Refused(f"the symlink {target} leads outside {v.pkg}")
         data = read_small(path, MAX_FILE, "the backup of")
         files[rel] = sha(data)
         if rel in req.get("want", []):
@@ -299,7 +125,7 @@ def op_backup(req):
 
 
 def op_read(req):
-    v = Venv(req["package"])
+    v = Venv(req["package"], req["venv"])
     out = {}
     for rel in req["rels"]:
         path, kind = v.target(rel)
@@ -310,28 +136,8 @@ def op_read(req):
     return {"content": out}
 
 
-def restore_one(v, bdir, rel, e):
-    path, kind = v.target(rel)
-    if e is None:
-        if kind is not None:
-            os.unlink(path)
-        return
-    src = backup_file(bdir, rel, e)
-    if e["link"] is not None:
-        link_atomic(path, e["link"])
-    else:
-        write_atomic(path, read_small(src, MAX_FILE, "the backup of"),
-                     stat.S_IMODE(os.stat(src).st_mode) or 0o644)
-
-
-def op_install(req):
-    v = Venv(req["package"])
-    pkg = v.need_pkg()
-    state = req["state"]
-    v.recorded_package(state["package_dir"])
-    backups = v.ensure_dir(v.prefix, [STATE_DIR, "backups"])
-    v.state_dir = os.path.dirname(backups)
-    v.state_path = os.path.join(v.state_dir, "payload.json")
+def _new_backup(v, req):
+    backups = v.ensure_dir(v.prefix, [os.path.basename(v.state_dir), "backups"])
     v.backups = backups
     new = req.get("new_backup")
     if new is not None:
@@ -339,81 +145,146 @@ def op_install(req):
             raise Refused(f"{new!r} is not a backup folder name")
         bdir = os.path.join(backups, new)
         os.mkdir(bdir, 0o700)
-        originals = {}
-    else:
-        bdir = v.recorded_backup(req["backup"])
-        originals = backup_manifest(bdir)
+        return bdir, {}, True
+    bdir = v.recorded_backup(req["backup"])
+    return bdir, backup_manifest(bdir), False
+
+
+def op_install(req):
+    v = Venv(req["package"], req["venv"])
+    pkg = v.need_pkg()
+    v.ensure_state_dir()
+    v.check_lock(req.get("lock"))
+    state = req["state"]
+    v.recorded_package(state["package_dir"])
+    bdir, originals, fresh = _new_backup(v, req)
     try:
         for rel, e in req["originals"].items():
             if rel in originals:
                 continue
             path, kind = v.target(rel)
-            have = entry_of(path, kind, v)
+            have = entry_of(path, kind)
             if (have and have["sha256"]) != (e and e["sha256"]):
                 raise Refused(f"{path} changed while the payload was being installed")
             if have is not None:
-                dest = v.ensure_dir(bdir, ["files"] + rel.split("/")[:-1])
-                dest = os.path.join(dest, os.path.basename(rel))
-                if kind == "link":
-                    os.symlink(have["link"], dest)
-                else:
-                    write_atomic(dest, read_small(os.path.realpath(path), MAX_FILE, "file"),
-                                 stat.S_IMODE(os.stat(path).st_mode) or 0o644)
+                save_original(v, bdir, rel, have, path, kind)
             originals[rel] = have
-        write_atomic(os.path.join(bdir, "manifest.json"),
-                     json.dumps({"format": 2, "originals": originals}, indent=1).encode())
+        write_manifest(bdir, originals)
     except BaseException:
-        if new is not None:
+        if fresh:
             shutil.rmtree(bdir, ignore_errors=True)
         raise
-    state["backup"] = bdir
-    write_atomic(v.state_path, json.dumps(state, indent=1).encode())
-    for rel in req["restore"]:
-        restore_one(v, bdir, rel, originals[rel])
-    for rel, b64 in req["files"].items():
-        path, _ = v.target(rel)
-        write_atomic(path, base64.b64decode(b64))
-    touched = list(req["files"]) + list(req["restore"])
-    return {"backup": bdir, "pycache_removed": clear_pycache(pkg, touched)}
+    v.note_pending({"backup": bdir, "form": "patch"})
+    try:
+        for rel in req["restore"]:
+            restore_one(v, bdir, rel, originals[rel])
+        for rel, b64 in req["files"].items():
+            path, _ = v.target(rel)
+            write_atomic(path, base64.b64decode(b64))
+        touched = list(req["files"]) + list(req["restore"])
+        removed = clear_pycache(pkg, touched)
+        state["backup"] = bdir
+        write_atomic(v.state_path, json.dumps(state, indent=1).encode())
+        v.clear_pending()
+    except (OSError, Refused) as exc:
+        _, wrong = restore_all(v, pkg, bdir)
+        if not wrong:
+            drop_backup(v, bdir)
+        raise Refused(f"the install failed ({type(exc).__name__}: {exc}); the upstream files "
+                      "were put back" + (f" except {', '.join(wrong)}" if wrong else "")) \
+            from None
+    return {"backup": bdir, "pycache_removed": removed}
 
 
 def op_restore(req):
-    v = Venv(req["package"])
+    v = Venv(req["package"], req["venv"])
+    v.check_lock(req.get("lock"))
     pkg = v.recorded_package(req["package_dir"])
     bdir = v.recorded_backup(req["backup"])
-    originals = backup_manifest(bdir)
-    for rel, e in originals.items():  # every check first: a refused restore touches nothing
-        v.target(rel)
-        if e is not None:
-            backup_file(bdir, rel, e)
-    for rel, e in originals.items():
-        restore_one(v, bdir, rel, e)
-    clear_pycache(pkg, list(originals))
-    wrong = []
-    for rel, e in originals.items():
-        path, kind = v.target(rel)
-        have = entry_of(path, kind, v)
-        if (have and (have["sha256"], have["link"])) != (e and (e["sha256"], e["link"])):
-            wrong.append(rel)
+    originals, wrong = restore_all(v, pkg, bdir)
     if wrong:
         return {"wrong": wrong}
-    if os.path.lexists(v.state_path):
-        os.unlink(v.state_path)
-    shutil.rmtree(bdir)
+    drop_backup(v, bdir)
     return {"restored": sorted(r for r, e in originals.items() if e is not None),
             "removed": sorted(r for r, e in originals.items() if e is None)}
 
 
+def recover(v):
+    """Undo an install cut short (its note says which backup): every upstream file back,
+    the state and the backup dropped. Returns what it says, or None."""
+    note = v.pending()
+    if note is None:
+        return None
+    if note.get("form") != "patch":
+        v.clear_pending()
+        return "a note of an unknown install was dropped"
+    bdir = v.recorded_backup(note.get("backup"))
+    pkg = v.need_pkg()
+    _, wrong = restore_all(v, pkg, bdir)
+    if wrong:
+        raise Refused(f"an install cut short left {', '.join(wrong)} that the backup in {bdir} "
+                      "cannot restore")
+    drop_backup(v, bdir)
+    return (f"an install cut short was undone: the upstream files were put back from {bdir} "
+            "and its state dropped")
+
+
+def _known_rels(v, extra):
+    rels = set(extra or [])
+    for path in (v.state_path, v.pending_path):
+        try:
+            doc = json.loads(read_small(path, MAX_DOC, "the state").decode("utf-8"))
+        except (OSError, ValueError, Refused):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+            rels.update(r for r in doc["files"] if isinstance(r, str))
+        bdir = doc.get("backup") if isinstance(doc, dict) else None
+        with contextlib.suppress(OSError, ValueError, Refused):
+            rels.update(backup_manifest(v.recorded_backup(bdir)))
+    out = []
+    for rel in rels:
+        try:
+            out.append(rel_ok(rel))
+        except Refused:
+            continue
+    return sorted(out)
+
+
+def op_hold(req):
+    """Take the lock; answer; keep it until stdin ends (sys.stdin: the rest of the stream)."""
+    v = Venv(req["package"], req["venv"])
+    fd = v.take_lock()
+    if fd is None:
+        return {"busy": v.holder_text()}
+    swept = sweep_temporaries(v.pkg, _known_rels(v, req.get("rels")), v.state_dir)
+    recovered = recover(v) if v.pkg is not None else None
+    answer({"locked": True, "token": str(os.getpid()), "swept": swept, "recovered": recovered})
+    while sys.stdin.buffer.read(65536):
+        pass
+    os.close(fd)
+    return None
+
+
 OPS = {"locate": op_locate, "backup": op_backup, "read": op_read, "install": op_install,
-       "restore": op_restore}
+       "restore": op_restore, "hold": op_hold, **PLUGIN_OPS}
 
 
-def main(text):
+def answer(out):
+    sys.stdout.write(json.dumps({"ddtree_payload": 1, "result": out}) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv):
     try:
-        req = json.loads(text)
+        line = sys.stdin.buffer.readline(MAX_REQUEST + 1)
+        if len(line) > MAX_REQUEST:
+            raise Refused(f"a request over {MAX_REQUEST} bytes")
+        req = json.loads(line.decode("utf-8"))
         out = OPS[req["op"]](req)
     except Refused as exc:
         out = {"refused": str(exc)}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         out = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write(json.dumps({"ddtree_payload": 1, "result": out}) + "\n")
+    if out is not None:
+        answer(out)
+    return 0

@@ -87,6 +87,40 @@ class Transport(Protocol):
     ) -> None: ...
 
 
+KEEP_HEAD = 64 << 20  # a command's collected output: its first 64 MiB ...
+KEEP_TAIL = 1 << 20  # ... and its last 1 MiB (a script's answer is its last line)
+
+
+class Capture:
+    """A command's collected output, bounded: the head and the tail are kept, what lies
+    between is counted and dropped (a host process that writes gigabytes neither exhausts
+    the workstation's memory nor stops being read, so it ends or meets its deadline)."""
+
+    def __init__(self, head: int = KEEP_HEAD, tail: int = KEEP_TAIL) -> None:
+        self._head, self._tail = bytearray(), bytearray()
+        self._head_max, self._tail_max = head, tail
+        self.dropped = 0
+
+    def append(self, data: bytes) -> None:
+        room = self._head_max - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self._tail += data
+        over = len(self._tail) - self._tail_max
+        if over > 0:
+            del self._tail[:over]
+            self.dropped += over
+
+    def value(self) -> bytes:
+        if not self.dropped:
+            return bytes(self._head + self._tail)
+        mark = f"\n[... {self.dropped} bytes of output dropped ...]\n".encode()
+        return bytes(self._head) + mark + bytes(self._tail)
+
+
 @dataclass
 class RawOutcome:
     """What `_exec` reports: exit code (None if it never came), stdout and stderr."""

@@ -12,7 +12,7 @@ import time
 from typing import IO, BinaryIO
 
 from ddtree_deploy.errors import TransportError
-from ddtree_deploy.transport.base import CHUNK, ExecTransport, RawOutcome
+from ddtree_deploy.transport.base import CHUNK, Capture, ExecTransport, RawOutcome
 
 _SHELL = "/bin/sh"
 
@@ -21,6 +21,7 @@ def _pump_in(src: BinaryIO, pipe: IO[bytes]) -> None:
     try:
         while chunk := src.read(CHUNK):
             pipe.write(chunk)
+            pipe.flush()  # a reader may answer a line before the rest comes (a lock's request)
     except (BrokenPipeError, ValueError):
         pass  # the command stopped reading; its exit code tells the story
     finally:
@@ -28,10 +29,10 @@ def _pump_in(src: BinaryIO, pipe: IO[bytes]) -> None:
             pipe.close()
 
 
-def _pump_out(pipe: IO[bytes], sink: BinaryIO | list[bytes]) -> None:
+def _pump_out(pipe: IO[bytes], sink: BinaryIO | Capture) -> None:
     fd = pipe.fileno()
     while chunk := os.read(fd, CHUNK):
-        if isinstance(sink, list):
+        if isinstance(sink, Capture):
             sink.append(chunk)
         else:
             sink.write(chunk)
@@ -57,8 +58,7 @@ def run_process(argv: list[str], *, stdin: BinaryIO | None, stdout: BinaryIO | N
     except OSError as exc:
         raise TransportError(f"{host}: cannot start {argv[0]}: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
-    out_chunks: list[bytes] = []
-    err_chunks: list[bytes] = []
+    out_chunks, err_chunks = Capture(), Capture()
     threads = [
         threading.Thread(
             target=_pump_out,
@@ -91,8 +91,8 @@ def run_process(argv: list[str], *, stdin: BinaryIO | None, stdout: BinaryIO | N
                 pipe.close()
     return RawOutcome(
         exit_code=None if timed_out else proc.returncode,
-        stdout=b"".join(out_chunks),
-        stderr=b"".join(err_chunks),
+        stdout=out_chunks.value(),
+        stderr=err_chunks.value(),
         duration=time.monotonic() - start,
         timed_out=timed_out,
     )

@@ -25,7 +25,7 @@ from ddtree_deploy.errors import (
     TransportError,
     UnreachableError,
 )
-from ddtree_deploy.transport.base import CHUNK, ExecTransport, RawOutcome
+from ddtree_deploy.transport.base import CHUNK, Capture, ExecTransport, RawOutcome
 from ddtree_deploy.transport.hostkeys import (
     HostKeyChangedError,
     KnownHosts,
@@ -301,8 +301,7 @@ class SshTransport(ExecTransport):
         deadline: float | None,
         start: float,
     ) -> RawOutcome:
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out, err = Capture(), Capture()
         feed_errors: list[BaseException] = []
         feeder = None
         if stdin is None:
@@ -345,7 +344,7 @@ class SshTransport(ExecTransport):
             feeder.join(timeout=5.0)
         if feed_errors:
             raise feed_errors[0]
-        return RawOutcome(code, b"".join(out), b"".join(err), time.monotonic() - start, timed_out)
+        return RawOutcome(code, out.value(), err.value(), time.monotonic() - start, timed_out)
 
     # -- files --------------------------------------------------------------
 
