@@ -4,7 +4,8 @@
 # (env -i: the standard PATH, so Debian's python3) whose HOME, XDG_{CACHE,CONFIG,STATE,DATA}_HOME,
 # MPLCONFIGDIR and uv's tool folder are empty folders of its own: no pip or uv cache, no test
 # wheels, no matplotlib font cache, no lab caches (rootfs, wheels, layers, keys); the lab's own
-# `lab down --purge` runs before and after. Used before every stop.
+# `lab down --purge` runs before and after. Used before every stop. Only the machine's network
+# settings (CA bundle, proxy variables) pass into that environment.
 #
 #   bash scripts/fresh-run.sh [--keep] [REF]     (FRESH_DIR=/some/empty/folder to choose where)
 #
@@ -29,18 +30,21 @@ mkdir -p "$home" "$dir/xdg/cache" "$dir/xdg/config" "$dir/xdg/state" "$dir/xdg/d
 git clone -q --no-local --no-checkout "$repo" "$dir/repo"
 git -C "$dir/repo" checkout -q --detach "$commit"
 
-fresh_env=(env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# The machine's network settings pass through (a CA bundle, a proxy): they are no cache.
+mapfile -t network < <(env | grep -E '^(SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|PIP_CERT|https?_proxy|HTTPS?_PROXY|no_proxy|NO_PROXY)=' || true)
+fresh_env=(env -i "${network[@]}" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
            HOME="$home" USER=root LOGNAME=root LANG=C.UTF-8 TERM=dumb CI=true
            XDG_CACHE_HOME="$dir/xdg/cache" XDG_CONFIG_HOME="$dir/xdg/config"
            XDG_STATE_HOME="$dir/xdg/state" XDG_DATA_HOME="$dir/xdg/data"
            MPLCONFIGDIR="$dir/mpl" DDTREE_DEPLOY_UV_HOME="$dir/uv-tool")
-lab_purge() {  # the lab's own purge, with the fresh folders (a venv of the clone, if it has one)
-  if [ -x "$dir/repo/.venv/bin/ddtree-deploy" ]; then
-    (cd "$dir/repo" && "${fresh_env[@]}" .venv/bin/ddtree-deploy lab down --purge) || true
+lab_purge() {  # CHECKOUT: the lab's own purge with the fresh folders (leftovers found by a
+  # scan of the machine too), through CHECKOUT's venv if it has one
+  if [ -x "$1/.venv/bin/ddtree-deploy" ]; then
+    (cd "$1" && "${fresh_env[@]}" .venv/bin/ddtree-deploy lab down --purge) || true
   fi
 }
 finish() {
-  lab_purge >>"$log" 2>&1
+  lab_purge "$dir/repo" >>"$log" 2>&1
   if [ "$keep" -eq 0 ]; then
     find "$dir" -mindepth 1 -maxdepth 1 ! -name run.log -exec rm -rf {} +
   fi
@@ -49,6 +53,7 @@ trap finish EXIT
 
 {
   echo "fresh-run: commit $commit in $dir/repo, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  lab_purge "$repo"
   t0=$SECONDS rc=0
   (cd "$dir/repo" && "${fresh_env[@]}" bash .ci/run) || rc=$?
   echo "fresh-run: exit $rc after $((SECONDS - t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"

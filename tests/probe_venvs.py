@@ -1,30 +1,18 @@
 """Build throwaway venv trees for the probe tests: dist-infos, torch/version.py, gcc-built
 shared objects with chosen DT_NEEDED lists, and real sglang/flashinfer/xgrammar files copied
-out of the lab's wheelhouse at test time (real registry wheels, downloaded once and cached;
-never stored in the repository)."""
+out of real registry wheels at test time (tests/wheels.toml: fetched by the test command before
+the tiers, never stored in the repository)."""
 
 from __future__ import annotations
 
-import functools
 import shutil
 import sys
 import zipfile
 from pathlib import Path
 
+from wheelcache import wheel
+
 from ddtree_lab.elfstub import SharedObject, compile_shared
-
-
-@functools.lru_cache(maxsize=1)
-def wheels_dir() -> Path:
-    from ddtree_lab.manager import lab_cache_dir
-    from ddtree_lab.wheelhouse import download_real
-
-    return download_real(lab_cache_dir() / "wheels" / "real")["sglang==0.5.11"].parent
-
-
-def wheel(prefix: str) -> Path | None:
-    found = sorted(wheels_dir().glob(f"{prefix}*.whl"))
-    return found[0] if found else None
 
 
 def from_wheel(whl: Path, member: str, dest: Path) -> None:
@@ -94,8 +82,7 @@ def broken_objects(sp: Path) -> None:
 def sglang_tree(sp: Path, spec_text: str | None, ddtree: bool) -> None:
     """sglang with the real 0.5.11 spec_info.py (or `spec_text`), DFlash modules, and with
     `ddtree` a DDTree module and --speculative-ddtree-* flags."""
-    whl = wheel("sglang-0.5.11")
-    assert whl is not None
+    whl = wheel("sglang", "0.5.11")
     dist_info(sp, "sglang", "0.5.11")
     spec_dir = sp / "sglang" / "srt" / "speculative"
     from_wheel(whl, "sglang/srt/speculative/spec_info.py", spec_dir / "spec_info.py")
@@ -113,8 +100,7 @@ def sglang_tree(sp: Path, spec_text: str | None, ddtree: bool) -> None:
 
 def real_spec_text() -> str:
     """sglang 0.5.11's spec_info.py, from the real wheel."""
-    whl = wheel("sglang-0.5.11")
-    assert whl is not None
+    whl = wheel("sglang", "0.5.11")
     with zipfile.ZipFile(whl) as zf:
         return zf.read("sglang/srt/speculative/spec_info.py").decode()
 
@@ -139,18 +125,14 @@ def ddtree_spec_text() -> str:
 
 def real_packages(sp: Path, flashinfer: str, xgrammar: str) -> None:
     """Every .py file of flashinfer and xgrammar, from the real wheels of these versions."""
-    for prefix in (f"flashinfer_python-{flashinfer}-", f"xgrammar-{xgrammar}-"):
-        whl = wheel(prefix)
-        assert whl is not None
-        package = prefix.split("_python")[0].split("-")[0]
+    for name, version, package in (("flashinfer-python", flashinfer, "flashinfer"),
+                                   ("xgrammar", xgrammar, "xgrammar")):
+        whl = wheel(name, version)
         with zipfile.ZipFile(whl) as zf:
             for member in zf.namelist():
                 if member.startswith(package + "/") and member.endswith(".py"):
                     from_wheel(whl, member, sp / member)
 
 
-def have_wheels() -> bool:
-    return all(
-        wheel(p) for p in ("sglang-0.5.11", "flashinfer_python-0.6.8.post1-",
-                           "flashinfer_python-0.6.3-", "xgrammar-0.1.32-", "xgrammar-0.1.10-")
-    ) and shutil.which("gcc") is not None  # fmt: skip
+def have_gcc() -> bool:
+    return shutil.which("gcc") is not None

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import wheelcache
 from rich.console import Console
 
 from ddtree_deploy.errors import DeployError, RemoteCommandError
@@ -247,13 +248,10 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     if shutil.which("gcc") is None or python is None:
         pytest.skip("needs gcc and python3.11 to build and install the stand-in wheels")
     from ddtree_lab import standin_wheels as sw
-    from ddtree_lab.manager import lab_cache_dir
-    from ddtree_lab.wheelhouse import download_real
 
-    real = download_real(lab_cache_dir() / "wheels" / "real")
     root = tmp_path_factory.mktemp("overlay")
-    runtime = {"cu130": real["nvidia-cuda-runtime==13.0.96"],
-               "cu128": real["nvidia-cuda-runtime-cu12==12.8.90"]}
+    runtime = {"cu130": wheelcache.wheel("nvidia-cuda-runtime", "13.0.96"),  # tests/wheels.toml
+               "cu128": wheelcache.wheel("nvidia-cuda-runtime-cu12", "12.8.90")}
     # a distribution with a console script, so RECORD lists ../../../bin/<script>
     tool = sw.write_wheel(root / "w", name="torch-tool", version="1.0", tags=("py3-none-any",),
                           metadata="Metadata-Version: 2.1\nName: torch-tool\nVersion: 1.0\n\n",

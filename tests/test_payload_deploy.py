@@ -13,15 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import wheelcache
 
-from ddtree_deploy.converge.steps import _install as installer
 from ddtree_deploy.errors import ConfigError, RefusedError
 from ddtree_deploy.payload import deploy as ops
 from ddtree_deploy.payload.manifest import load_manifest
 from ddtree_deploy.resources import data_path
 from ddtree_deploy.transport.local import LocalTransport
-from ddtree_lab.manager import lab_cache_dir
-from ddtree_lab.wheelhouse import download_real
 
 
 def scratch_venv(root: Path, wheel: Path) -> Path:
@@ -40,7 +38,8 @@ def tree_hashes(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def wheels() -> dict[str, Path]:
-    return download_real(lab_cache_dir() / "wheels" / "real")
+    return {f"sglang=={v}": wheelcache.wheel("sglang", v)  # tests/wheels.toml
+            for v in ("0.5.10", "0.5.11")}
 
 
 def test_deploy_verify_rollback_is_byte_exact(tmp_path: Path, wheels: dict[str, Path]) -> None:
@@ -93,10 +92,7 @@ def test_sglang_0510_without_dflash_is_refused(tmp_path: Path, wheels: dict[str,
 
 
 def test_sglang_0523_is_refused(tmp_path: Path) -> None:
-    (wheel,) = installer.wheelhouse([installer.Requirement("sglang==0.5.23", deps=False)],
-                                    python_version="3.11", glibc="2.36",
-                                    cache=lab_cache_dir() / "wheels" / "extra")
-    venv = scratch_venv(tmp_path, wheel)
+    venv = scratch_venv(tmp_path, wheelcache.wheel("sglang", "0.5.23"))
     manifest, payload = load_manifest(data_path("payload"))
     with LocalTransport() as t, pytest.raises(RefusedError, match="does not support sglang 0.5.23"):
         ops.deploy(t, str(venv), manifest, payload)

@@ -20,7 +20,7 @@ from hang_guard import kill_left, running, wait_none_running
 from probe_venvs import (
     broken_objects,
     ddtree_spec_text,
-    have_wheels,
+    have_gcc,
     heavy_spec_text,
     kernel_cu12,
     make_venv,
@@ -33,7 +33,7 @@ from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.remote.bundle import PARTS, probe_source
 
 STANDIN_SMI = Path(__file__).resolve().parents[1] / "lab/ddtree_lab/standin/nvidia_smi.py"
-pytestmark = pytest.mark.skipif(not have_wheels(), reason="needs gcc")
+pytestmark = pytest.mark.skipif(not have_gcc(), reason="needs gcc (scripts/setup.sh installs it)")
 
 
 def run_probe(args: list[str], path_dirs: list[Path], env: dict[str, str] | None = None) -> Any:

@@ -1,26 +1,23 @@
 """doctor on a venv assembled from REAL registry wheels: torch 2.9.1 (CUDA 12.8) with
 sglang-kernel 0.4.2 (built for CUDA 13) — the story's ABI mismatch, no stand-ins.
 
-Downloads about 1.2 GB once (cached under the XDG cache folder) and installs both
-wheels with --no-deps into a venv kept beside them, so later runs cost seconds.
+Both wheels (about 1.2 GB) come from tests/wheels.toml (fetched by the test command before the
+tiers) and are installed with --no-deps into a venv of the module's own.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from ddtree_deploy import xdg
-from ddtree_deploy.converge.steps import _install as installer
+import wheelcache
 
 pytestmark = pytest.mark.slow
 
-WHEELS = ("torch==2.9.1", "sglang-kernel==0.4.2")
+WHEELS = (("torch", "2.9.1"), ("sglang-kernel", "0.4.2"))  # tests/wheels.toml
 
 
 def _pip(*args: str) -> None:
@@ -29,20 +26,13 @@ def _pip(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def mixed_venv() -> Path:
-    root = xdg.cache_dir() / "real-wheels"
-    venv = root / "venv-torch291-cu128-sglang-kernel042"
-    if (venv / ".complete").exists():
-        return venv
-    wheels = installer.wheelhouse([installer.Requirement(w, deps=False) for w in WHEELS],
-                                  python_version="3.11", glibc="2.28", cache=root)
-    if venv.exists():
-        shutil.rmtree(venv)
+def mixed_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wheels = [wheelcache.wheel(name, version) for name, version in WHEELS]
+    venv = tmp_path_factory.mktemp("real-wheels") / "venv-torch291-cu128-sglang-kernel042"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3.*/site-packages"))
     _pip("install", "-q", "--no-deps", "--no-index", "--no-compile", "--target", str(site),
          *map(str, wheels))
-    (venv / ".complete").write_text("ok\n")
     return venv
 
 

@@ -2,8 +2,8 @@
 
 Runs locally (no containers): temp venvs made with ``python3 -m venv`` and the
 real wheels (sglang 0.5.10/0.5.11, flashinfer 0.6.3/0.6.8.post1, xgrammar
-0.1.10/0.1.32, soundfile + cffi) from the lab's wheelhouse (downloaded once from
-the registry, cached). States are composed from per-package folders on PYTHONPATH on top of a
+0.1.10/0.1.32, soundfile + cffi) of tests/wheels.toml (fetched by the test command before the
+tiers). States are composed from per-package folders on PYTHONPATH on top of a
 venv that holds only our distribution (its .pth must sit in site-packages).
 """
 
@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wheelcache
 
 from ddtree_lab import standin_dist
 
-PATTERNS = {
-    "sglang-0.5.11": "sglang-0.5.11-*.whl", "sglang-0.5.10": "sglang-0.5.10-*.whl",
-    "fi-0.6.3": "flashinfer_python-0.6.3-*.whl", "fi-0.6.8": "flashinfer_python-0.6.8.post1-*.whl",
-    "xg-0.1.10": "xgrammar-0.1.10-*.whl", "xg-0.1.32": "xgrammar-0.1.32-*.whl",
-    "soundfile": "soundfile-0.13.1-*.whl", "cffi": "cffi-2.0.0-*.whl",
+WHEELS = {  # a package state's folder -> the real wheel installed there (tests/wheels.toml)
+    "sglang-0.5.11": ("sglang", "0.5.11"), "sglang-0.5.10": ("sglang", "0.5.10"),
+    "fi-0.6.3": ("flashinfer-python", "0.6.3"), "fi-0.6.8": ("flashinfer-python", "0.6.8.post1"),
+    "xg-0.1.10": ("xgrammar", "0.1.10"), "xg-0.1.32": ("xgrammar", "0.1.32"),
+    "soundfile": ("soundfile", "0.13.1"), "cffi": ("cffi", "2.0.0"),
 }
 PRO6000 = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_total_mib": 97887,
            "compute_cap": "12.0", "power_limit_w": 600}
@@ -63,15 +64,7 @@ def _need_python311() -> str:
 def lab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A venv with only ddtree-lab-standin, plus one folder per package state."""
     python = _need_python311()
-    from ddtree_lab.manager import lab_cache_dir
-    from ddtree_lab.wheelhouse import download_real
-
-    wheels_dir = download_real(lab_cache_dir() / "wheels" / "real")["sglang==0.5.11"].parent
-    missing = [p for p in PATTERNS.values() if not list(wheels_dir.glob(p))]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"wheels missing in {wheels_dir}: {missing}")
-        pytest.skip(f"wheels missing in {wheels_dir}: {missing}")
+    real = {key: wheelcache.wheel(*spec) for key, spec in WHEELS.items()}
     root = tmp_path_factory.mktemp("standin")
     wheel = standin_dist.build_standin_wheel(root / "dist")
     venv = root / "venv"
@@ -80,10 +73,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
            "--disable-pip-version-check"]
     subprocess.run([*pip, str(wheel)], check=True)
     dirs: dict[str, Path] = {"venv": venv, "root": root}
-    for key, pattern in PATTERNS.items():
+    for key, whl in real.items():
         dirs[key] = root / "pkgs" / key
-        subprocess.run([*pip, "--target", str(dirs[key]), str(next(wheels_dir.glob(pattern)))],
-                       check=True, capture_output=True)
+        subprocess.run([*pip, "--target", str(dirs[key]), str(whl)], check=True,
+                       capture_output=True)
     # sgl_kernel: a minimal local package (the lab uses the real stand-in wheel).
     dirs["sgl_kernel"] = root / "pkgs" / "sgl_kernel"
     (dirs["sgl_kernel"] / "sgl_kernel").mkdir(parents=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wheelcache
 
 from ddtree_lab import standin_wheels as sw
 from ddtree_lab.elfstub import read_dynamic
@@ -28,20 +29,16 @@ from ddtree_lab.errors import LabError
 
 # Copies of shared/fixtures/real (tests/facts/real/SOURCES.txt says where each came from).
 FIXTURES = Path(__file__).parent / "facts" / "real"
-RUNTIME = {
-    "cu130": "nvidia-cuda-runtime==13.0.96",
-    "cu128": "nvidia-cuda-runtime-cu12==12.8.90",
+RUNTIME = {  # the real runtime wheels (tests/wheels.toml)
+    "cu130": ("nvidia-cuda-runtime", "13.0.96"),
+    "cu128": ("nvidia-cuda-runtime-cu12", "12.8.90"),
 }
 LDSO = Path("/lib64/ld-linux-x86-64.so.2")
 NOT_FOUND = "cannot open shared object file: No such file or directory"
 
 
 def _runtime_wheel(lane: str) -> Path:
-    # The real runtime wheels, from the lab's wheelhouse (downloaded once from the registry).
-    from ddtree_lab.manager import lab_cache_dir
-    from ddtree_lab.wheelhouse import download_real
-
-    return download_real(lab_cache_dir() / "wheels" / "real")[RUNTIME[lane]]
+    return wheelcache.wheel(*RUNTIME[lane])
 
 
 def _python311() -> str:
