@@ -14,7 +14,7 @@ from typing import Any
 # Every phase ``rehearsal.run`` knows, in the order they run when several are named (servers'
 # checks first, while the servers are fresh; bench last: it starts its own servers after the
 # shared ones are stopped).
-NAMES = ("correctness", "perf", "perf-8b", "dflash-sampled", "bench")
+NAMES = ("correctness", "request-params", "perf", "perf-8b", "dflash-sampled", "bench")
 FIRST_PORT = 31000
 
 

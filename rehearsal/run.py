@@ -34,6 +34,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -386,6 +387,10 @@ def _servers(phase: str) -> list[Any]:
             Server("ddtree63-ladder-pressure", lad, "ddtree", 63, 8, context_length=2048,
                    extra=("--max-total-tokens", "6000")),
         ]
+    elif phase == "request-params":
+        from rehearsal import request_params
+
+        specs = request_params.servers(m)
     elif phase == "bench":
         specs = []  # bench starts its own servers (bench())
     elif phase == perf8b.PHASE:
@@ -812,6 +817,11 @@ def main(argv: list[str] | None = None) -> int:
             mine = [s for s in shared if s.name in own]
             if phase == "correctness":
                 correctness(r, mine)
+            elif phase == "request-params":
+                from rehearsal import request_params
+
+                r.step("request-params", partial(request_params.run_phase, r, mine, WORK),
+                       need=60)
             elif phase == "perf":
                 perf(r, mine)
             elif phase == perf8b.PHASE:

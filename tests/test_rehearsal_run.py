@@ -47,6 +47,12 @@ m = ddtree_sampling.sample_tokens(mixed, torch.full((800,), 50.0), ks, torch.one
                                   max_top_k=1 << 30, min_top_k=2, need_top_p=False,
                                   generator=torch.Generator().manual_seed(0))
 sys.stderr.write("TOPK " + str(float((m[0::2] < 6).float().mean())) + "\n")
+from sglang.srt.speculative import ddtree_admission
+try:
+    ddtree_admission.check_request({"sampling_params": {"frequency_penalty": 1.5}})
+    sys.stderr.write("ADMIT yes\n")
+except ValueError:
+    sys.stderr.write("ADMIT no\n")
 print(int(flat.sum()), float((s == 1).float().mean()))
 """
 
@@ -60,6 +66,7 @@ def _package(tmp: Path) -> Path:
     payload = ROOT / "payload"
     shutil.copy(payload / "ddtree" / "core.py", spec / "ddtree_core.py")
     shutil.copy(payload / "ddtree" / "sampling.py", spec / "ddtree_sampling.py")
+    shutil.copy(payload / "ddtree" / "admission.py", spec / "ddtree_admission.py")
     shutil.copy(payload / "sglang-0.5.11" / "srt" / "speculative" / "ddtree_verify.py",
                 spec / "ddtree_verify.py")
     return pkg
@@ -91,6 +98,7 @@ def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) 
     pkg = _package(tmp_path)
     clean_allowed, clean_share, clean_flat, clean_placed = _run(pkg, None)
     assert float(_flat(_last_stderr[0], "TOPK")) == 0.0  # top-k 2 keeps tokens 6 and 7 only
+    assert _flat(_last_stderr[0], "ADMIT") == "no"  # a penalty is refused
     assert clean_placed == clean_flat  # the device index places the mask where offsets do
     assert clean_allowed == 3  # three slots that each see only themselves
     assert 0.4 < clean_share < 0.75  # token 1 at temperature 4: e^0.75 / (e^0.75 + 2) = 0.51
@@ -105,6 +113,8 @@ def test_faults_change_what_they_claim_and_nothing_without_them(tmp_path: Path) 
     assert hot_share > 0.8  # temperature 1: e^3 / (e^3 + 2) = 0.91
     _run(pkg, "topk-shortcut")
     assert float(_flat(_last_stderr[0], "TOPK")) > 0.5  # the whole vocabulary, nearly uniform
+    _run(pkg, "admit-penalties")
+    assert _flat(_last_stderr[0], "ADMIT") == "yes"  # let through (and ignored downstream)
 
 
 def test_a_servers_hosts_file_is_one_the_tool_accepts(tmp_path: Path) -> None:
@@ -309,3 +319,32 @@ def test_the_result_schema_takes_a_phase_list_and_refuses_an_unknown_phase() -> 
     assert result.Result.model_validate(doc).phase == "correctness,perf"
     with pytest.raises(ValueError):
         result.Result.model_validate({**doc, "phase": "correctness,nosuch"})
+
+
+def test_the_request_parameter_phase_shares_a_call_with_perf_and_judges_its_controls() -> None:
+    from rehearsal import phases, request_params
+
+    both = phases.union(phases.parse("perf,request-params"), run._servers)  # type: ignore[arg-type]
+    assert not isinstance(both, str) and len(both) == 16
+    mine = run._servers("request-params")
+    assert all(dict(s.env)["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1" for s in mine)
+    faults = {s.name: s.fault for s in mine if s.fault}
+    assert faults == {"rp-ddtree15-topkfault": "topk-shortcut",
+                      "rp-ddtree15-penaltyfault": "admit-penalties"}
+    assert all(not s.cuda_graph for s in mine if s.fault)  # controls graphs-off
+    assert {(s.budget, s.cuda_graph) for s in mine if s.algorithm == "ddtree" and not s.fault} \
+        == {(15, True), (31, False)}  # two budgets, graphs on and off
+
+    def checks(**ok: bool) -> dict[str, dict[str, Any]]:
+        return {f"request-params/{name.replace('_', '-')}/greedy": {"ok": v}
+                for name, v in ok.items()}
+
+    good = checks(rp_ddtree15=True, rp_ddtree31_nograph=True, rp_ddtree15_topkfault=False,
+                  rp_ddtree15_penaltyfault=False, rp_dflash=False)
+    assert request_params.verdict(good)["ok"]
+    assert request_params.verdict(good)["anchor"] == {"rp-dflash": False}  # measured, not judged
+    control_passed = {**good, **checks(rp_ddtree15_penaltyfault=True)}
+    assert not request_params.verdict(control_passed)["ok"]
+    ddtree_failed = {**good, "request-params/rp-ddtree15/abort": {"ok": False}}
+    assert not request_params.verdict(ddtree_failed)["ok"]
+    assert not request_params.verdict({})["ok"]  # nothing measured is no pass

@@ -11,6 +11,8 @@ function as soon as its module is loaded, before any other module imports it by 
 * ``topk-shortcut``: payload 0.2.2's dense shortcut, keyed on the batch's *largest* top-k: a
   top-k 2 request beside requests that leave top-k unset samples the whole vocabulary
   (issue 25's first finding; the request-parameter phase must fail it).
+* ``admit-penalties``: admission lets penalties and min_new_tokens through, and the payload
+  ignores them (payload 0.2.2: its penalizer is never advanced); the phase must fail it.
 
 (An A/B of the payload itself, e.g. its round graphs off, is a server environment variable:
 ``rehearsal/run.py`` EAGER_ROUND.)
@@ -29,6 +31,7 @@ _MODULES = {
     "greedy-follow": "sglang.srt.speculative.ddtree_sampling",
     "hot": "sglang.srt.speculative.ddtree_sampling",
     "topk-shortcut": "sglang.srt.speculative.ddtree_sampling",
+    "admit-penalties": "sglang.srt.speculative.ddtree_admission",
 }
 
 
@@ -65,6 +68,15 @@ def _patch(module):  # type: ignore[no-untyped-def]
             return fair(logits, temperatures, top_ks, top_ps, min_ps, **kw)
 
         module.sample_tokens = sample_tokens
+    elif FAULT == "admit-penalties":
+        strict = module.check_sampling
+        let_through = ("frequency_penalty", "presence_penalty", "repetition_penalty",
+                       "min_new_tokens")
+
+        def check_sampling(params):  # type: ignore[no-untyped-def]
+            return strict({k: v for k, v in (params or {}).items() if k not in let_through})
+
+        module.check_sampling = check_sampling
     sys.stderr.write(f"REHEARSAL FAULT ACTIVE: {FAULT} in {module.__name__} (pid {os.getpid()})\n")
 
 
