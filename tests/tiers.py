@@ -65,8 +65,8 @@ INTEGRATION_MODULES = frozenset({
     "test_rehearsal_models.py",
     # an HTTP server (a thread) that stalls for real, seconds at a time
     "test_health_stall.py",
-    # SGLang's real sampler, read from its wheel
-    "test_ddtree_sampling_sglang.py",
+    # SGLang's real sampler and request fields, read from its wheel
+    "test_ddtree_sampling_sglang.py", "test_request_contract.py",
 })
 # Single tests that start processes in modules of mostly unit tests (and the DDTree core's
 # end-to-end decoding runs: pure, but the heaviest torch work of the suite).
