@@ -19,7 +19,8 @@ echo "@hostname"; hostname
 echo "@kernel"; uname -r
 echo "@gpus"
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits 2>&1
+  nvidia-smi --query-gpu=index,name,memory.used,memory.total,temperature.gpu,pstate \
+    --format=csv,noheader,nounits 2>&1
 else
   echo "no nvidia-smi"
 fi
@@ -36,6 +37,22 @@ class GpuLine:
     name: str
     used_mib: str
     total_mib: str
+    error: str = ""  # a dead GPU: what its cells read ("Unknown Error"); its MiB mean nothing
+
+    @property
+    def memory(self) -> str:
+        return f"DEAD ({self.error})" if self.error else f"{self.used_mib}/{self.total_mib}"
+
+
+_NOT_AN_ERROR = ("[N/A]", "[Not Supported]")
+
+
+def _cell_error(value: str) -> str | None:
+    """What a CSV cell of a broken GPU reads ("[Unknown Error]", "[GPU is lost]", "ERR!")."""
+    if value == "ERR!" or (value.startswith("[") and value.endswith("]")
+                           and value not in _NOT_AN_ERROR):
+        return value.strip("[]")
+    return None
 
 
 @dataclass
@@ -63,8 +80,9 @@ def parse(host: str, text: str) -> HostCheck:
     check.kernel = (sections.get("kernel") or [""])[0]
     for line in sections.get("gpus", []):
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
-            check.gpus.append(GpuLine(*parts))
+        if len(parts) == 6 and parts[0].isdigit():
+            errors = sorted({e for p in parts[2:] if (e := _cell_error(p))})
+            check.gpus.append(GpuLine(parts[0], parts[1], parts[2], parts[3], ", ".join(errors)))
         else:
             check.gpu_error = (check.gpu_error + " " + line).strip()
     for line in sections.get("venvs", []):

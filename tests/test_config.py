@@ -30,7 +30,8 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "unknown_field.yaml": [
         "6: hosts.ct200.portt: unknown field (did you mean 'port'?)",
-        "11: hosts.ct200.venvs.v.colour: unknown field; expected one of: path, role, create",
+        "11: hosts.ct200.venvs.v.colour: unknown field; expected one of: path, role, create, "
+        "allow_writes",
     ],
     "unknown_top_key.yaml": [
         "3: deployment: unknown field; expected one of: version, hosts, deployments",

@@ -81,7 +81,7 @@ def check(
         c = o.value
         models = sorted({g.name for g in c.gpus})
         gpus = "\n".join([f"{len(c.gpus)}x {', '.join(models)}"] if c.gpus else [])
-        gpus += "".join(f"\n GPU{g.index}: {g.used_mib}/{g.total_mib}" for g in c.gpus)
+        gpus += "".join(f"\n GPU{g.index}: {g.memory}" for g in c.gpus)
         venvs = "\n".join(f"{'ok' if ok else 'MISSING'} {p}" for p, ok in c.venvs.items())
         add_row(table, o.host, cell("ok", "green"), c.hostname, gpus or c.gpu_error, venvs)
     out.print(table)

@@ -44,11 +44,16 @@ def inventory(
         ]
         print_json(out, payload)
     else:
-        from ddtree_deploy.cli.render_inventory import failures, gpu_table, venv_table
+        from ddtree_deploy.cli.render_inventory import (
+            failures,
+            gpu_table,
+            part_errors,
+            venv_table,
+        )
 
         out.print(gpu_table(outcomes))
         out.print(venv_table(outcomes, width=out.width))
-        for note in failures(outcomes):
+        for note in [*part_errors(outcomes), *failures(outcomes)]:
             out.print(note)
     code = exit_code(outcomes)  # 3 only when some hosts answered and others did not
     if code:

@@ -73,6 +73,19 @@ def failures(outcomes: list[Outcome[Facts]]) -> list[RenderableType]:
     return notes((o.host, str(o.error)) for o in outcomes if o.value is None)
 
 
+def part_errors(outcomes: list[Outcome[Facts]]) -> list[RenderableType]:
+    """What a host could not tell (systemctl failing, the tool's unit folder unreadable),
+    under the tables: an empty service list there means "unknown", never "none"."""
+    lines: list[tuple[str, str]] = []
+    for o in outcomes:
+        if o.value is None:
+            continue
+        for label, part in (("services", o.value.services), ("tool state", o.value.tool)):
+            if part.error:
+                lines.append((o.host, f"{label} could not be read: {part.error}"))
+    return notes(lines)
+
+
 def venv_table(outcomes: list[Outcome[Facts]], width: int = 80) -> Table:
     wide = width >= WIDE
     packages = [SHORT.get(n, n) for n in KEY_PACKAGES] if wide else ["key packages"]

@@ -192,8 +192,11 @@ def down(
     unit = _unit_of(config, name)
     with open_transport(config, spec_host) as t:
         found = install.down(t, unit, remove=remove)
+    if not found:
+        raise DeployError(f"{unit}: no such ddtree-deploy service on {host} "
+                          "(`service list` shows them)")
     _drop_facts(spec_host)
-    done = ("stopped" + (" and removed" if remove else "")) if found else "not found"
+    done = "stopped" + (" and removed" if remove else "")
     out.print(plain(f"{unit}: {done}"), markup=False, highlight=False)
 
 
@@ -244,6 +247,9 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
     if as_json:
         print_json(out, [s.__dict__ for s in states])
     else:
+        if not states:
+            out.print(plain(f"no ddtree-deploy services on {host}"), markup=False,
+                      highlight=False)
         for s in states:
             out.print(plain(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} "
                             f"restarts {s.restarts}"), markup=False, highlight=False)

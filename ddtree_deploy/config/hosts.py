@@ -65,18 +65,28 @@ class Config:
             return self.hosts[name]
         if name == LOCALHOST:
             return local_host()
-        known = ", ".join([*self.hosts, LOCALHOST])
-        raise ConfigError(f"unknown host '{name}'; {self.path} defines: {known}")
+        known = [*self.hosts, *([] if LOCALHOST in self.hosts else [LOCALHOST])]
+        raise ConfigError(f"unknown host '{name}'{_did_you_mean(name, known)}; {self.path} "
+                          f"defines: {', '.join(known)}")
 
     def deployment(self, name: str) -> Deployment:
         if name in self.deployments:
             return self.deployments[name]
-        known = ", ".join(self.deployments) or "none"
-        raise ConfigError(f"unknown deployment '{name}'; {self.path} defines: {known}")
+        known = list(self.deployments)
+        raise ConfigError(f"unknown deployment '{name}'{_did_you_mean(name, known)}; "
+                          f"{self.path} defines: {', '.join(known) or 'none'}")
 
     def deployments_on(self, host: str | HostSpec) -> list[Deployment]:
         name = host.name if isinstance(host, HostSpec) else host
         return [d for d in self.deployments.values() if d.host == name]
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    """`: did you mean 'x'?` for the closest known names (difflib's ratio), else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def find_hosts_file(cli_path: Path | None = None) -> Path:

@@ -402,7 +402,23 @@ class _Probe:
                 return verdict
             return self.verdict("deadline", f"no first token of the {what} generation within "
                                 f"the warm-up budget of {self.warmup_s:g} s")
-        return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s")
+        return self.verdict("deadline", f"no verdict within {self.deadline_s:g} s; last seen: "
+                            f"{self.last_seen()}")
+
+    def last_seen(self) -> str:
+        """What the last poll saw (/health's answer or error, the unit, the last log line):
+        a deadline never hides the error it kept meeting."""
+        h, s = self.http, self.state
+        parts = [f"/health: {h.health_error}" if h.health_error else
+                 f"/health answered {h.health}" if h.health is not None else
+                 "/health never answered"]
+        if s.systemd and s.active_state:
+            parts.append(f"unit {s.active_state}/{s.sub_state}")
+        elif s.note:
+            parts.append(f"systemd: {s.note}")
+        if self.lines:
+            parts.append(f"last log line: {self.lines[-1].strip()[:300]}")
+        return "; ".join(parts)
 
     def _stall_hint(self, verdict: Verdict, kind: Kind | None) -> None:
         """The sampled path stalled while greedy had answered: say what the H200 showed."""

@@ -120,7 +120,24 @@ def driver_too_old(ctx: RuleContext) -> Iterable[Finding]:
         )  # fmt: skip
 
 
-HOST_RULES: tuple[Rule, ...] = (gpu_dead, nvidia_absent, driver_too_old)
+def units_unreadable(ctx: RuleContext) -> Iterable[Finding]:
+    """systemd did not answer (or the tool's unit folder could not be read): what the units
+    and services look like is unknown, never "none"."""
+    for part, what in ((ctx.facts.services, "the host's services (systemctl, listeners)"),
+                       (ctx.facts.tool, "the tool's own units and pending restarts")):
+        if part.error:
+            yield Finding(
+                id="host.units-unreadable", severity="warning",
+                message=f"{what} could not be read: {part.error}; services and the units "
+                "holding GPUs and ports are unknown, not absent",
+                evidence={"error": part.error},
+                remedy=f"check systemd on {ctx.host} (`systemctl status` there); without "
+                "systemd, run services in plain mode; then "
+                + findings.doctor(ctx.host, "--refresh"),
+            )  # fmt: skip
+
+
+HOST_RULES: tuple[Rule, ...] = (gpu_dead, nvidia_absent, driver_too_old, units_unreadable)
 
 
 # ---- venv

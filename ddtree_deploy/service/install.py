@@ -104,6 +104,9 @@ class UnitState:
 
 
 LIST_SCRIPT = r"""
+if ! out=$(systemctl show -p Version 2>&1); then  # no systemd, no bus: say so, never "none"
+  printf '%s\n' "$out" >&2; exit 3
+fi
 for f in "$1"/*.service; do
   [ -f "$f" ] || continue
   grep -qx "$2=yes" "$f" || continue
@@ -143,7 +146,12 @@ def parse_list(text: str) -> list[UnitState]:
 
 
 def list_units(t: ExecTransport) -> list[UnitState]:
+    """The tool's units and their states; RemoteCommandError when systemctl does not answer
+    (a host without systemd has no services to list, which is not "no services")."""
     r = t.run(Command.shell(LIST_SCRIPT, UNIT_DIR, MANAGED_KEY), timeout=60)
+    if r.exit_code == 3:
+        raise RemoteCommandError(f"{t.host}: systemctl does not answer, so the services cannot "
+                                 f"be listed: {(r.stderr or r.stdout).strip()[-500:]}")
     r.check()
     return parse_list(r.stdout)
 

@@ -81,7 +81,16 @@ def choose_gpu(facts: Facts, wanted: int | None, *, own_unit: str, force: bool =
         g = gpus[index]
         if not g.dead and not _foreign(g.processes, own_unit):
             return index
-    raise RefusedError(f"{facts.host} has no free GPU (all dead or held by other processes)")
+    if not gpus:  # nothing to be dead or held: say what the driver said
+        nv = facts.nvidia
+        raise RefusedError(f"{facts.host} has no GPU: "
+                           + (nv.error or "the NVIDIA driver lists none" if nv.present
+                              else f"no NVIDIA driver answered ({nv.error or 'NVML, nvidia-smi'})"),
+                           hint="deploy to a host with a GPU (`ddtree-deploy inventory` lists "
+                                "them)")
+    raise RefusedError(f"{facts.host} has no free GPU: "
+                       + "; ".join(why for i in sorted(gpus)
+                                   if (why := _why_not(facts, i, own_unit))))
 
 
 def _why_not(facts: Facts, index: int, own_unit: str) -> str | None:
