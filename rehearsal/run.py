@@ -282,7 +282,7 @@ class Rehearsal:
         units = {}
         for s in servers:
             units[s.name] = srv.render(self.cli, hosts[s.name], s.name)
-            (self.logs / f"{s.name}.service").write_text(units[s.name])
+            (self.logs / f"{s.name}.service").write_text(units[s.name]["unit"])
 
         def launch(s: Any) -> None:
             run = srv.start(s, units[s.name], self.logs, env)

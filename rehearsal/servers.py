@@ -1,10 +1,11 @@
 """The rehearsal's servers: localhost deployments rendered by the tool, run as plain processes.
 
 Each server is a deployment of a hosts file written for ``localhost`` (transport local): the
-tool's own ``service render localhost NAME`` produces the unit, and the server runs the unit's
-ExecStart with its Environment= and WorkingDirectory= (``ddtree_deploy.service.plainproc``), so
-what runs is what the unit says. The GPU host has no systemd: ``--no-verify``, and the tool's
-``probe --port --pid --log-file`` reads the server's log instead of the journal.
+tool's own ``service render localhost NAME --json`` produces the unit and the argv, environment
+and working directory it is written from, and the server runs exactly those
+(``ddtree_deploy.service.plainproc``), so what runs is what the unit says. The GPU host has
+no systemd: ``--no-verify``, and the tool's ``probe --port --pid --log-file`` reads the
+server's log instead of the journal.
 """
 
 from __future__ import annotations
@@ -125,17 +126,20 @@ def tool(cli: Path, hosts: Path, *args: str, timeout: float = 300.0) -> tuple[in
     return done.returncode, done.stdout, done.stderr
 
 
-def render(cli: Path, hosts: Path, name: str) -> str:
-    code, out, err = tool(cli, hosts, "service", "render", "localhost", name, "--no-verify")
+def render(cli: Path, hosts: Path, name: str) -> dict:
+    """The tool's unit and what it runs (argv, environment, working directory), as JSON."""
+    code, out, err = tool(cli, hosts, "service", "render", "localhost", name, "--no-verify",
+                          "--json")
     if code != 0:
         raise RuntimeError(f"service render {name} exited {code}: {err.strip()[-2000:]}")
-    return out
+    return json.loads(out)
 
 
-def start(server: Server, unit: str, log_dir: Path, base_env: Mapping[str, str]) -> Running:
+def start(server: Server, rendered: dict, log_dir: Path, base_env: Mapping[str, str]) -> Running:
     from ddtree_deploy.service import plainproc
 
-    cmd = plainproc.PlainCommand.from_unit(unit)
+    cmd = plainproc.UnitCommand(argv=tuple(rendered["argv"]), env=rendered["environment"],
+                                cwd=rendered["working_directory"])
     env = dict(base_env)
     if server.fault:
         env["REHEARSAL_FAULT"] = server.fault
@@ -143,7 +147,7 @@ def start(server: Server, unit: str, log_dir: Path, base_env: Mapping[str, str])
             p for p in (str(FAULTS_DIR), env.get("PYTHONPATH", "")) if p)
     log = log_dir / f"{server.name}.log"
     pid = plainproc.start(cmd, str(log), base_env=env)
-    return Running(server, unit, list(cmd.argv), pid, log)
+    return Running(server, rendered["unit"], list(cmd.argv), pid, log)
 
 
 def stop(run: Running) -> None:

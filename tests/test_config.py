@@ -116,7 +116,8 @@ EXPECTED: dict[str, list[str]] = {
         "18: deployments.svc.grammar_backend: expected 'xgrammar', 'outlines', 'llguidance' or "
         "'none', got 'outlines2'",
         "19: deployments.svc.mem_fraction_static: must be between 0 and 1 (exclusive), got 1.2",
-        "20: deployments.svc.extra_args[1]: expected a string, got 1",
+        "20: deployments.svc.extra_args[1]: expected an argument in quotes (YAML reads this "
+        "as a number), got 1",
         "21: deployments.BadName: expected a name of lowercase letters, digits, '.', '_' and "
         "'-', starting with a letter or digit, got 'BadName'",
     ],

@@ -8,8 +8,9 @@ Two ways, one interface:
   installed before, byte for byte (or removes the unit if there was none) and leaves it
   running or stopped, enabled or disabled, as it was; the result is read back and compared.
 - `PlainControl` (hosts without systemd, e.g. the H200 GPU host; the local transport only):
-  the same rendered unit run as a plain process (`service/plainproc.py`: ExecStart argv,
-  Environment=, WorkingDirectory=), its output in a log file, probed with `--pid/--log-file`;
+  what the rendered unit runs, as a plain process (`service/plainproc.py`: the argv,
+  environment and folder the unit is written from, `render.unit_command`), its output in a
+  log file, probed with `--pid/--log-file`;
   `restore` stops the process it started. It never stops a process it did not start: a
   port already taken is refused before anything runs.
 """
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 from ddtree_deploy import __version__
 from ddtree_deploy.errors import DeployError, RefusedError
 from ddtree_deploy.health.check import ProbeTarget, Verdict, probe_service
-from ddtree_deploy.service.render import render_unit
+from ddtree_deploy.service.render import render_unit, unit_command
 from ddtree_deploy.service.spec import UNIT_DIR, ServiceSpec
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
@@ -159,7 +160,7 @@ class PlainControl:
 
         self._stop()
         text = render_unit(spec, tool_version=__version__)
-        cmd = plainproc.PlainCommand.from_unit(text)
+        cmd = unit_command(spec)  # what the unit runs, from the model the unit was written from
         log = self.log_dir / f"{key}.log"
         self.pid = plainproc.start(cmd, str(log))
         self.started.append(self.pid)

@@ -43,9 +43,11 @@ def render(
     name: str = typer.Argument(..., help="a deployment of the hosts file"),
     verify: bool = typer.Option(True, "--verify/--no-verify",
                                 help="check the unit with systemd-analyze on the host"),
+    as_json: bool = typer.Option(False, "--json", help="the unit and what it runs (argv, "
+                                 "environment, working directory) as one JSON object"),
 ) -> None:
     """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST)."""
-    from ddtree_deploy.service.render import render_unit
+    from ddtree_deploy.service.render import render_unit, unit_command
     from ddtree_deploy.service.resolve import Overrides, build_spec
     from ddtree_deploy.service.verify import verify_unit
     from ddtree_deploy.transport.connect import open_transport
@@ -64,7 +66,12 @@ def render(
                         "LD_LIBRARY_PATH is empty and verification will fail until it does"),
                   soft_wrap=True, markup=False, highlight=False)
     text = render_unit(spec, tool_version=__version__)
-    typer.echo(text, nl=False)
+    if as_json:
+        print_json(out, {"unit_name": spec.unit_name, "unit": text,
+                         **unit_command(spec).as_json()})
+    else:
+        # render_unit refuses control characters; plain() keeps a terminal safe regardless
+        typer.echo(plain(text), nl=False)
     if verify:
         with open_transport(config, spec_host) as t:
             verify_unit(t, text, spec.unit_name)

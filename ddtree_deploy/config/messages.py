@@ -111,6 +111,8 @@ def english(error: Any, model: type[BaseModel]) -> str:
         expected = str(ctx.get("error", error["msg"]))
         if isinstance(value, dict | list):  # a check of a whole mapping: the value says nothing
             return expected
+        if getattr(ctx.get("error"), "hide_value", False):  # a secret: not echoed to a log
+            return expected
     elif kind in ("literal_error", "enum"):
         expected = f"expected {ctx.get('expected', '')}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):

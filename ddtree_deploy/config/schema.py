@@ -35,12 +35,12 @@ from pydantic import (
     model_validator,
 )
 
-from ddtree_deploy.service.spec import TOOL_ENVIRONMENT
+from ddtree_deploy.service.spec import TOOL_ENVIRONMENT, secret_flag, unit_char_problem
 
-HOST_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-ITEM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-UNIT_STEM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.\\-]*$")
-_HOST_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+HOST_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+ITEM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+UNIT_STEM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.\\-]*\Z")
+_HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^}]*\}?")
 
 CudaLane = Literal["cu128", "cu130"]
@@ -179,7 +179,7 @@ def _unit_stem(value: str) -> str:
     return value
 
 
-ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
 # Names that say "this is a secret": units are world-readable (render.py refuses them too).
 _SECRET_ENV_RE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE")
 
@@ -198,15 +198,44 @@ def _env_name(value: str) -> str:
 
 
 def _env_value(value: str) -> str:
-    bad = re.search(r"[\x00-\x1f\x7f]", value)
-    if bad:
-        raise ValueError(f"expected a value without control characters (got {bad.group(0)!r}): "
-                         "a systemd Environment= line cannot carry NUL, newlines or tabs")
+    problem = unit_char_problem(value)
+    if problem:
+        raise ValueError(f"expected a value without control characters or line separators: "
+                         f"it {problem}")
+    return value
+
+
+def _unit_text(value: str) -> str:
+    """A value that ends up in a systemd unit (paths, extra arguments): read alike by systemd
+    and by a plain process, so no control character or line separator."""
+    problem = unit_char_problem(value)
+    if problem:
+        raise ValueError(f"expected text without control characters or line separators: "
+                         f"it {problem}")
+    return value
+
+
+class SecretValueError(ValueError):
+    """A refusal whose value is a secret: the message never repeats it."""
+
+    hide_value = True
+
+
+def _server_arg(value: str) -> str:
+    _unit_text(value)
+    if not value:
+        raise ValueError("expected a non-empty argument")
+    flag = secret_flag(value)
+    if flag is not None:
+        option = value.split("=", 1)[0]
+        named = flag if option == flag else f"{option} (SGLang's argparse reads it as {flag})"
+        raise SecretValueError(f"{named} would put a secret into the world-readable unit; pass "
+                         "keys through an EnvironmentFile= with mode 0600 instead")
     return value
 
 
 def _python(value: str) -> str:
-    if not re.match(r"^3\.\d{1,2}$", value):
+    if not re.match(r"3\.\d{1,2}\Z", value):
         raise ValueError('expected a Python version such as "3.11"')
     return value
 
@@ -232,6 +261,7 @@ def _remote_path(value: Any) -> PurePosixPath:
     if not expanded.startswith("/"):
         hint = " ('~' is not expanded for paths on a host)" if expanded.startswith("~") else ""
         raise ValueError(f"expected an absolute path on the host{hint}")
+    _unit_text(expanded)
     return PurePosixPath(expanded)
 
 
@@ -267,6 +297,9 @@ EnvName = Annotated[
 ]
 EnvValue = Annotated[
     str, BeforeValidator(quoted_text("a value")), AfterValidator(_env_value)
+]
+ServerArg = Annotated[
+    str, BeforeValidator(quoted_text("an argument")), AfterValidator(_server_arg)
 ]
 
 
@@ -416,7 +449,7 @@ class Deployment(_Model):
     context_length: PosInt | None = None
     tp_size: PosInt = 1
     cuda_graph: bool = True
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[ServerArg] = Field(default_factory=list)
     # Environment= lines of the unit (NCCL, CUDA variables a site's hardware needs)
     environment: dict[EnvName, EnvValue] = Field(default_factory=dict)
 

@@ -30,11 +30,11 @@ from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.remote.facts_parse import canonical_name
 from ddtree_deploy.resources import data_path
 
-LANE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-HOST_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-PATTERN_RE = re.compile(r"^[A-Za-z0-9._*?\[\]!-]+$")
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
+LANE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+HOST_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+PATTERN_RE = re.compile(r"[A-Za-z0-9._*?\[\]!-]+\Z")
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+CUDA_RE = re.compile(r"\d{1,2}\.\d{1,2}\Z")
 GLOB_CHARS = frozenset("*?[")
 
 

@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ddtree_deploy.config.yamlmodel import load_model
 from ddtree_deploy.errors import ConfigError
 
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
-REL = re.compile(rf"^{PART}(?:/{PART})*$")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
-PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+REL = re.compile(rf"{PART}(?:/{PART})*\Z")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
+PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 
 
 def check_rel(value: str) -> str:

@@ -16,7 +16,7 @@ from ddtree_deploy.service.spec import MANAGED_KEY, UNIT_DIR
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport, Result
 
-UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.@-]+\.service$")
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@-]+\.service\Z")
 
 
 def _unit(name: str) -> str:

@@ -13,7 +13,13 @@ which follow systemd's own rules (systemd.syntax(7), systemd.service(5)
 - Environment= assignments: quoted like words, `%` doubled, but `$` has no
   meaning in Environment= and is kept as it is.
 Control characters (newlines above all: they would end the line and start a
-new directive) are refused with a clear message, never escaped.
+new directive), the line and paragraph separators Python splits on and systemd
+does not (U+0085, U+2028, U+2029) and bidirectional overrides are refused with a
+clear message, never escaped (`spec.unit_char_problem`).
+
+What the unit runs is built first as one `UnitCommand` (argv, environment, working
+folder; `unit_command`, `wrapper_command`); the unit is written from it and a plain
+process (`plainproc.py`) runs that same object, so nothing is parsed back from text.
 """
 
 from __future__ import annotations
@@ -33,22 +39,23 @@ from ddtree_deploy.service.spec import (
     PORT_KEY,
     TOOL_ENVIRONMENT,
     ServiceSpec,
+    UnitCommand,
+    secret_flag,
+    unit_char_problem,
 )
 
-__all__ = ["DEPLOYMENT_KEY", "PORT_KEY", "ld_library_path", "render_unit"]
+__all__ = ["DEPLOYMENT_KEY", "PORT_KEY", "ld_library_path", "render_unit", "unit_command"]
 
 SGLANG_TEMPLATE = "sglang.service.j2"
 WRAPPER_TEMPLATE = "wrapper.service.j2"
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")  # needs no quotes once % is doubled
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _UNIT_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.-]{0,200}\Z")
 _EXEC_REFUSED = set("\"'\\")
 # Names that say "this is a secret": a unit file is world-readable and `systemctl show`
 # prints Environment= to any user, so such values belong in a 0600 EnvironmentFile.
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
-_SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 # Order of LD_LIBRARY_PATH after the CUDA toolkit folders (cu13/lib or CUDA 12's per-component
 # ones): the libraries that keep their own nvidia/<name>/lib folder in both lanes.
@@ -63,12 +70,12 @@ class UnitRenderError(UsageError):
 def _check_text(value: str, what: str) -> str:
     if not isinstance(value, str):
         raise UnitRenderError(f"{what} must be text, got {type(value).__name__}")
-    bad = _CONTROL.search(value)
-    if bad:
+    problem = unit_char_problem(value)
+    if problem:
         raise UnitRenderError(
-            f"{what} {value!r} contains a control character ({bad.group(0)!r}); "
-            "a systemd unit cannot carry it",
-            hint="newlines, tabs and other control characters are not allowed in unit values",
+            f"{what} {value!r} {problem}; a systemd unit cannot carry it",
+            hint="newlines, tabs, other control characters and line separators are not "
+                 "allowed in unit values",
         )
     return value
 
@@ -83,6 +90,9 @@ def _quote_if_needed(text: str) -> str:
 def systemd_quote(arg: str, *, what: str = "argument") -> str:
     """One ExecStart= word (an argument after the executable), quoted for systemd."""
     _check_text(arg, what)
+    if not arg:
+        raise UnitRenderError(f"an empty {what} cannot be placed in ExecStart=",
+                              hint="remove the empty value (an empty extra_args entry?)")
     return _quote_if_needed(arg.replace("%", "%%").replace("$", "$$"))
 
 
@@ -97,6 +107,14 @@ def systemd_quote_executable(path: str, *, what: str = "executable") -> str:
             f"{what} {path!r} contains {' '.join(refused)}, which systemd refuses in "
             "an executable path",
             hint="move the venv to a path without quotes or backslashes",
+        )
+    if "$" in path:
+        # systemd expands $NAME in the process's argv[0] but not in the path it runs, and
+        # Python finds its venv from argv[0]: under systemd another python's packages.
+        raise UnitRenderError(
+            f"{what} {path!r} contains $, which systemd would expand in the program's "
+            "argv[0] (Python finds its venv from it) but not in the path it runs",
+            hint="move the venv to a path without $",
         )
     return _quote_if_needed(path.replace("%", "%%"))
 
@@ -181,7 +199,8 @@ def _header(tool_version: str, what: str, host: str) -> str:
     )
 
 
-def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str]) -> list[str]:
+def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The unit's environment, every name and value checked."""
     env: dict[str, str] = {
         # nvidia-smi numbers GPUs by PCI bus; CUDA's default order is "fastest first".
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -197,7 +216,9 @@ def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str]) ->
                 f"environment variable {name} is set by the tool itself"
                 + (f" (from {TOOL_ENVIRONMENT[name]})" if name in TOOL_ENVIRONMENT else ""))
         env[name] = extra[name]
-    return [systemd_env(k, v) for k, v in env.items()]
+    for name, value in env.items():
+        systemd_env(name, value)
+    return env
 
 
 def _environment_loader() -> jinja2.Environment:
@@ -226,15 +247,18 @@ def _render(template: str, **values: object) -> str:
 
 def _check_secret_flags(args: Iterable[str]) -> None:
     for arg in args:
-        if arg.split("=", 1)[0] in _SECRET_FLAGS:
+        flag = secret_flag(arg)
+        if flag is not None:
+            option = arg.split("=", 1)[0]
+            named = flag if option == flag else f"{option} (SGLang's argparse reads it as {flag})"
             raise UnitRenderError(
-                f"{arg.split('=', 1)[0]} would put a secret into a world-readable unit",
+                f"{named} would put a secret into a world-readable unit",
                 hint="pass keys through an EnvironmentFile= with mode 0600 instead",
             )
 
 
-def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
-    """The systemd unit text of one SGLang service."""
+def unit_command(spec: ServiceSpec) -> UnitCommand:
+    """What the unit of `spec` runs, checked: the argv, environment and folder of both modes."""
     name = _unit_stem(spec.name)
     what = f"service {name}"
     gpus = _gpus(spec.gpus, what)
@@ -246,6 +270,20 @@ def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
         raise UnitRenderError(f"{what}: algorithm {spec.algorithm} needs a draft model path")
     args = spec.server_args()
     _check_secret_flags(args)
+    cwd = _workdir(spec.venv, "venv")
+    systemd_quote_executable(spec.python, what="venv python")
+    for arg in args:
+        systemd_quote(arg)
+    env = _environment(gpus, spec.ld_library_path, dict(spec.environment))
+    return UnitCommand(argv=(spec.python, "-m", "sglang.launch_server", *args), env=env,
+                       cwd=cwd)
+
+
+def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
+    """The systemd unit text of one SGLang service (written from `unit_command(spec)`)."""
+    command = unit_command(spec)
+    name = spec.name
+    what = f"service {name}"
     deployment = spec.deployment
     return _render(
         SGLANG_TEMPLATE,
@@ -258,9 +296,9 @@ def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
         deployment=_check_text(deployment, "deployment") if deployment else None,
         port_key=PORT_KEY,
         port=_port(spec.port, what),
-        workdir=_plain(_absolute(spec.venv, "venv"), "venv"),
-        environment=_environment(gpus, spec.ld_library_path, dict(spec.environment)),
-        exec_lines=_exec_lines(spec.python, ["-m", "sglang.launch_server", *args]),
+        workdir=_plain(command.cwd, "venv"),
+        environment=[systemd_env(k, v) for k, v in command.env.items()],
+        exec_lines=_exec_lines(command.argv[0], list(command.argv[1:])),
         syslog_identifier=name,
     )
 
@@ -270,6 +308,23 @@ def _absolute(path: str, what: str) -> str:
     if not path.startswith("/"):
         raise UnitRenderError(f"{what} {path!r} must be an absolute path")
     return path.rstrip("/") or "/"
+
+
+def _workdir(path: str, what: str) -> str:
+    """WorkingDirectory='s value: systemd takes it unquoted and simplified, so it must be one
+    path both read alike (no space at either end: systemd strips it; no `..`: it refuses it)."""
+    path = _absolute(path, what)
+    if path != path.strip(" "):
+        raise UnitRenderError(
+            f"{what} {path!r} begins or ends with a space, which systemd strips from "
+            "WorkingDirectory= (it cannot be quoted there)",
+            hint="use a folder whose path does not begin or end with a space",
+        )
+    parts = path.split("/")
+    if ".." in parts:
+        raise UnitRenderError(f"{what} {path!r} contains '..', which systemd refuses in "
+                              "WorkingDirectory=", hint="give the path without '..'")
+    return "/" + "/".join(p for p in parts if p not in ("", "."))
 
 
 @dataclass(frozen=True)
@@ -286,16 +341,25 @@ class WrapperSpec:
     description: str | None = None
 
 
-def render_wrapper(spec: WrapperSpec, tool_version: str) -> str:
-    """The systemd unit text of a wrapper command, with the service's safety settings."""
-    name = _unit_stem(spec.name)
-    what = f"wrapper {name}"
+def wrapper_command(spec: WrapperSpec) -> UnitCommand:
+    """What the unit of a wrapper runs, checked (see `unit_command`)."""
+    what = f"wrapper {_unit_stem(spec.name)}"
     if not spec.command:
         raise UnitRenderError(f"{what}: the command is empty")
-    command = [_check_text(a, "command argument") for a in spec.command]
+    command = tuple(_check_text(a, "command argument") for a in spec.command)
     _check_secret_flags(command)
-    gpus = _gpus(spec.gpus, what)
+    systemd_quote_executable(command[0])
+    env = _environment(_gpus(spec.gpus, what), (), spec.env)
+    return UnitCommand(argv=command, env=env, cwd=_workdir(spec.workdir, "working directory"))
+
+
+def render_wrapper(spec: WrapperSpec, tool_version: str) -> str:
+    """The systemd unit text of a wrapper command, with the service's safety settings."""
+    command = wrapper_command(spec)
+    name = spec.name
+    what = f"wrapper {name}"
     port = _port(spec.port, what)
+    gpus = command.env["CUDA_VISIBLE_DEVICES"]
     default = f"ddtree-deploy wrapper {name} on GPU {gpus}" + (
         f", port {port}" if port is not None else ""
     )
@@ -306,8 +370,8 @@ def render_wrapper(spec: WrapperSpec, tool_version: str) -> str:
         managed_key=MANAGED_KEY,
         port_key=PORT_KEY,
         port=port,
-        workdir=_plain(_absolute(spec.workdir, "working directory"), "working directory"),
-        environment=_environment(gpus, (), spec.env),
-        exec_lines=_exec_lines(command[0], command[1:]),
+        workdir=_plain(command.cwd, "working directory"),
+        environment=[systemd_env(k, v) for k, v in command.env.items()],
+        exec_lines=_exec_lines(command.argv[0], list(command.argv[1:])),
         syslog_identifier=name,
     )

@@ -7,6 +7,8 @@ port choice). Immutable data: rendering and installing read it, never change it.
 
 from __future__ import annotations
 
+import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,6 +25,66 @@ TOOL_ENVIRONMENT: dict[str, str] = {
     "LD_LIBRARY_PATH": "the venv's own nvidia library folders",
     "PYTHONUNBUFFERED": "always 1, so the journal gets each log line when it is written",
 }
+
+
+# Long flags SGLang takes a secret with. Its parser is argparse with abbreviations allowed, so
+# any unambiguous prefix (`--api-ke`, `--admin-api`) reaches the same option: all refused.
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+# Bidirectional overrides and isolates: text that reads one way and runs another.
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
+
+
+def unit_char_problem(value: str) -> str | None:
+    """Why `value` cannot go into a unit, which systemd and a plain process must read alike.
+
+    systemd ends a line at LF, CR and NUL only; Python (and so any reader written in it)
+    also at VT, FF, FS, GS, RS, NEL (U+0085), U+2028 and U+2029. C0 and C1 controls would
+    reach a terminal raw, and bidirectional overrides make a path read differently from
+    what runs. All of them are refused (None: the value can be placed).
+    """
+    for ch in value:
+        category = unicodedata.category(ch)
+        if category in ("Cc", "Zl", "Zp", "Cs") or ch in _BIDI:
+            name = unicodedata.name(ch, "a control character")
+            return (f"contains {ch!r} (U+{ord(ch):04X}, {name}), which systemd and a plain "
+                    "process would not read alike")
+    return None
+
+
+def secret_flag(arg: str) -> str | None:
+    """The secret flag `arg` reaches through SGLang's argparse (exact or abbreviated), if any."""
+    if not arg.startswith("--") or len(arg) <= 2:
+        return None
+    option = arg.split("=", 1)[0]
+    for flag in SECRET_FLAGS:
+        if len(option) > 2 and flag.startswith(option):
+            return flag
+    return None
+
+
+@dataclass(frozen=True)
+class UnitCommand:
+    """What a unit runs: argv, its own environment (over the caller's) and working folder.
+
+    The one model both ways of running a service read: `render.py` writes it into the unit
+    (quoted for systemd) and `plainproc.py` runs it as it is, so the two cannot differ.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The process's environment: `base` (default: this process's) with the unit's on top."""
+        import os
+
+        merged = dict(os.environ if base is None else base)
+        merged.update(self.env)
+        return merged
+
+    def as_json(self) -> dict[str, object]:
+        return {"argv": list(self.argv), "environment": dict(self.env),
+                "working_directory": self.cwd}
 
 
 @dataclass(frozen=True)
