@@ -64,7 +64,7 @@ def test_budget_below_the_block_is_refused_with_its_line(tmp_path: Path) -> None
     ("configs: [dflash]\nconcurrency: [1, 16]\nrequests: 4\n",
      "requests: 4 per cell cannot reach concurrency 16"),
     ("configs: [ddtree]\n", "needs BUDGET/TOPK"),
-    ("configs: [dflash\n", "not valid YAML"),
+    ("configs: [dflash\n", "g.yaml:2:1: YAML syntax error"),
     ("- just a list\n", "the grid must be a mapping"),
 ])
 def test_bad_grids_are_refused_with_file_line_and_field(tmp_path: Path, text: str,

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ddtree_deploy.bench.escape import mpl
 from ddtree_deploy.bench.summary import Row, axes
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
@@ -72,7 +73,7 @@ def _vs_budget(rows: list[Row], sampling: str, metric: str, ylabel: str, chart: 
                                label=series)
                     plotted.append({"chart": chart, "panel": workload, "series": series,
                                     "x": None, "y": r.values[metric], "config": r.config})
-        ax.set_title(workload)
+        ax.set_title(mpl(workload))  # names from a file: never math text
         ax.set_xlabel("DDTree budget (nodes)")
         ax.set_ylabel(ylabel)
         if tree:
@@ -84,7 +85,7 @@ def _vs_budget(rows: list[Row], sampling: str, metric: str, ylabel: str, chart: 
     for j in range(len(workloads), nrows * ncols):
         grid[j // ncols][j % ncols].set_visible(False)
     handles, labels = grid[0][0].get_legend_handles_labels()
-    fig.suptitle(f"{title} ({sampling})")
+    fig.suptitle(mpl(f"{title} ({sampling})"))
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8,
@@ -147,9 +148,9 @@ def dflash_vs_ddtree(rows: list[Row], sampling: str) -> tuple[Any, list[dict[str
     rival = ("DFlash" if "DFlash" in shown else "No speculation (no DFlash measured)"
              if "no speculation" in shown else "No baseline measured")
     tree = "the best DDTree" if "best DDTree" in shown else "DDTree (none measured)"
-    ax.set_xticks(range(len(groups)), [f"{w}\nc={c}" for w, c in groups], fontsize=8)
+    ax.set_xticks(range(len(groups)), [f"{mpl(w)}\nc={c}" for w, c in groups], fontsize=8)
     ax.set_ylabel("output tokens/s (all requests)")
-    ax.set_title(f"{rival} against {tree} budget/top-k per workload ({sampling})")
+    ax.set_title(mpl(f"{rival} against {tree} budget/top-k per workload ({sampling})"))
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

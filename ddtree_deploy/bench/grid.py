@@ -10,6 +10,7 @@ command exits 2. A DDTree configuration whose verify block is smaller than the d
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -179,39 +180,33 @@ def _flag_int(text: str, what: str) -> int:
 
 
 def load(path: Path, known_workloads: tuple[str, ...]) -> Grid:
-    """Read and validate a grid file; problems as `file:line: field: ...` (exit 2)."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
+    """Read and validate a grid file; problems as `file:line: field: ...` (exit 2).
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"grid file {path}: {exc}") from None
-    try:
-        doc = YAML(typ="rt").load(text)
-    except YAMLError as exc:
-        raise ConfigError(f"grid file {path}: not valid YAML: {exc}") from None
-    return _from_doc(doc, str(path), known_workloads)
+    Read by hosts.yaml's bounded loader (config/yamlload.py): a regular file of at most
+    4 MiB (a FIFO or /dev/zero refused unread), aliases and nesting bounded, duplicate
+    keys and unusual tags refused, every node's line kept."""
+    from ddtree_deploy.config.yamlload import load_yaml_file
+
+    loaded = load_yaml_file(path, "a bench grid (YAML)")
+    if loaded.problems:
+        raise ConfigError("\n".join(p.render(str(path)) for p in loaded.problems))
+    return _from_doc(loaded.data, str(path), known_workloads, loaded.line_of)
 
 
-def _line(node: Any, key: Any) -> int | None:
-    try:
-        return int(node.lc.key(key)[0]) + 1
-    except (AttributeError, KeyError, TypeError, IndexError):
-        return None
-
-
-def _item_line(node: Any, index: int) -> int | None:
-    try:
-        return int(node.lc.item(index)[0]) + 1
-    except (AttributeError, KeyError, TypeError, IndexError):
-        return None
-
-
-def _from_doc(doc: Any, source: str, known: tuple[str, ...]) -> Grid:
+def _from_doc(doc: Any, source: str, known: tuple[str, ...],
+              line_of: Callable[[tuple[str | int, ...]], int]) -> Grid:
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}:1: the grid must be a mapping with 'configs'")
     lines: dict[str, int] = {}
+
+    def _line(node: Any, key: str) -> int:
+        return line_of((key,))
+
+    def _item_line(node: Any, index: int) -> int:
+        return line_of(("configs", index))
+
+    def _key_line(index: int, key: str) -> int:
+        return line_of(("configs", index, key))
 
     def where(key: str, line: int | None) -> str:
         return f"{source}:{line}: {key}" if line else f"{source}: {key}"
@@ -236,19 +231,19 @@ def _from_doc(doc: Any, source: str, known: tuple[str, ...]) -> Grid:
                 raise UsageError(f"{where(label, at)}: a mapping or a short form like ddtree:15/8")
             bad = sorted(set(map(str, item)) - _CONFIG_KEYS)
             if bad:
-                raise UsageError(f"{where(f'{label}.{bad[0]}', _line(item, bad[0]))}: unknown key "
+                raise UsageError(f"{where(f'{label}.{bad[0]}', _key_line(i, bad[0]))}: unknown key "
                                  f"(expected {', '.join(sorted(_CONFIG_KEYS))})")
             algo = item.get("algorithm")
             if algo not in ("none", "dflash", "ddtree"):
-                raise UsageError(f"{where(f'{label}.algorithm', _line(item, 'algorithm') or at)}"
+                raise UsageError(f"{where(f'{label}.algorithm', _key_line(i, 'algorithm') or at)}"
                                  f": expected none, dflash or ddtree, got {algo!r}")
             shadow = item.get("shadow_linear", False)
             if not isinstance(shadow, bool):
-                raise UsageError(f"{where(f'{label}.shadow_linear', _line(item, 'shadow_linear'))}"
+                raise UsageError(f"{where(f'{label}.shadow_linear', _key_line(i, 'shadow_linear'))}"
                                  f": expected true or false, got {shadow!r}")
             for key in ("budget", "topk"):
                 if key in item:
-                    lines[f"{label}.{key}"] = _line(item, key) or at or 0
+                    lines[f"{label}.{key}"] = _key_line(i, key) or at or 0
             configs.append(_checked(
                 BenchConfig(algo, item.get("budget"), item.get("topk"), shadow,
                             str(item.get("name") or "")),

@@ -67,6 +67,8 @@ def _choose(rows: list[Row], scope: str) -> Choice | None:
         ratios = [r.tok_s / base[c] for r, c in zip(mine, cells, strict=True)
                   if r is not None and r.tok_s]
         score = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        if not math.isfinite(score):  # never a "+inf%" choice, whatever the file held
+            continue
         spread = max((r.spread or 0.0) for r in mine if r is not None)
         first = next(r for r in mine if r is not None)
         scored.append((score, first, spread))

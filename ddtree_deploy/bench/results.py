@@ -23,7 +23,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy.bench.metrics import METRICS
 from ddtree_deploy.errors import ConfigError, DeployError
@@ -38,6 +40,149 @@ CellKey = tuple[str, str, int, str, int]
 #: the host facts that make two measurements comparable (not the time they were read)
 STACK_KEYS = ("hostname", "gpus", "driver_version", "cuda_version", "python", "torch", "lane",
               "sglang", "payload")
+
+
+MAX_RESULTS_BYTES = 64 << 20  # ~100,000 cells; a results file is written by bench itself
+MAX_NAMES = 256  # distinct configurations or workloads a report can lay out
+
+
+class _Checked(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+
+Scalar = str | int | float | bool | None
+# A measured quantity: finite, 0 or more, and below anything a GPU serves (so a ratio of two
+# of them, or their geometric mean, stays finite).
+Amount = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] | None
+
+
+class _Metrics(_Checked):
+    output_tok_s: Amount = None
+    request_tok_s_p50: Amount = None
+    ttft_p50_s: Amount = None
+    ttft_p99_s: Amount = None
+    tpot_p50_s: Amount = None
+    icl_p50_s: Amount = None
+    icl_p99_s: Amount = None
+    accept_length: Amount = None
+    verify_ct: Amount = None
+    requests: Amount = None
+    failed: Annotated[int, Field(ge=0, le=10**9)] | None = None
+    tokens: Amount = None
+    wall_s: Amount = None
+
+
+class _Cell(_Checked):
+    config: str
+    workload: Annotated[str, Field(min_length=1, max_length=200)]
+    concurrency: Annotated[int, Field(ge=1, le=1024)]
+    sampling: Literal["greedy", "sampled"]
+    repeat: Annotated[int, Field(ge=0, le=10**6)]
+    metrics: _Metrics
+    errors: list[str] = []
+
+
+class _ConfigColumns(_Checked):
+    key: str | None = None
+    name: Annotated[str, Field(max_length=200)] | None = None
+    algorithm: Literal["none", "dflash", "ddtree"] | None = None
+    budget: Annotated[int, Field(ge=1, le=1024)] | None = None
+    topk: Annotated[int, Field(ge=1, le=1024)] | None = None
+    shadow_linear: bool = False
+
+
+class _ConfigInfo(_Checked):
+    config: _ConfigColumns = _ConfigColumns()
+    flags: list[str] = []
+    error: str | None = None
+    stack: dict[str, Any] | None = None
+
+
+class _Gpu(_Checked):
+    name: Scalar = None
+    memory_total_mib: Scalar = None
+
+
+class _HostFacts(_Checked):
+    gpus: list[_Gpu] | None = None
+    hostname: Scalar = None
+    driver_version: Scalar = None
+    cuda_version: Scalar = None
+    lane: Scalar = None
+    torch: Scalar = None
+    sglang: Scalar = None
+    payload: Scalar = None
+    python: Scalar = None
+
+
+class _File(_Checked):
+    host: str
+    service: str
+    label: str | None = None
+    synthetic: bool = False
+    host_facts: _HostFacts = _HostFacts()
+    facts_history: list[_HostFacts] = []
+    grid: dict[str, Scalar | list[Any]] | None = None
+    configs: Annotated[dict[str, _ConfigInfo], Field(max_length=MAX_NAMES)]
+    cells: list[_Cell]
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problems(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors()[:10]:
+        value = error.get("input")
+        shown = repr(value) if isinstance(value, str | int | float | bool) or value is None \
+            else type(value).__name__
+        lines.append(f"{path}: {_where(error['loc'])}: {error['msg']}, got {shown[:80]}")
+    more = len(exc.errors()) - 10
+    if more > 0:
+        lines.append(f"{path}: ... and {more} more")
+    return "\n".join(lines)
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a results file may hold")
+
+
+def parse(raw: bytes, path: Path) -> dict[str, Any]:
+    """A results file's JSON, validated in full (ConfigError, exit 2, naming file and field)."""
+    from ddtree_deploy.config.yamlload import decode_utf8
+
+    text = decode_utf8(raw, str(path))
+    try:
+        data = json.loads(text, parse_constant=_not_a_number)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: not a bench results file "
+                          f"(JSON: {exc.msg})") from None
+    except ValueError as exc:  # NaN, Infinity
+        raise ConfigError(f"{path}: not a bench results file: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a bench results file: nested too deep") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigError(f"{path}: not a bench results file (schema {SCHEMA} expected)")
+    try:
+        _File.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_problems(path, exc), hint="the results file was edited or damaged; "
+                          "bench writes it itself") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a bench results file: nested too deep") from None
+    for i, cell in enumerate(data["cells"]):
+        if cell["config"] not in data["configs"]:
+            raise ConfigError(f"{path}: cells[{i}].config: {cell['config']!r} is not one of "
+                              "the file's configs")
+    workloads = {c["workload"] for c in data["cells"]}
+    if len(workloads) > MAX_NAMES:
+        raise ConfigError(f"{path}: cells: {len(workloads)} workloads, more than a report can "
+                          f"lay out ({MAX_NAMES})")
+    return data
 
 
 def stack_of(facts: dict[str, Any]) -> dict[str, Any]:
@@ -82,20 +227,15 @@ class Results:
 
     @classmethod
     def load(cls, path: Path) -> Results:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        """Read through the bounded reader hosts.yaml uses (a regular file, at most
+        MAX_RESULTS_BYTES: a FIFO or /dev/zero is refused unread), then validated in full."""
+        from ddtree_deploy.config.yamlload import read_config_bytes
+
+        if not os.path.lexists(path):
             raise ConfigError(f"no bench results at {path}",
-                              hint="run `ddtree-deploy bench HOST [DEPLOYMENT]` first") from None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path}: not a bench results file ({exc})") from None
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ConfigError(f"{path}: not a bench results file (schema {SCHEMA} expected)")
-        for i, cell in enumerate(data.get("cells") or []):
-            missing = [k for k in (*CELL_KEYS, "metrics") if k not in cell]
-            if missing or cell["config"] not in data.get("configs", {}):
-                raise ConfigError(f"{path}: cells[{i}] lacks {', '.join(missing) or 'its config'}")
-        return cls(path, data)
+                              hint="run `ddtree-deploy bench HOST [DEPLOYMENT]` first")
+        raw = read_config_bytes(path, "a bench results file (JSON)", limit=MAX_RESULTS_BYTES)
+        return cls(path, parse(raw, path))
 
     @property
     def cells(self) -> list[dict[str, Any]]:

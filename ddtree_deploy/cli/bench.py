@@ -44,7 +44,9 @@ def _facts(config: Any, spec: Any, venvs: list[str]) -> Any:
 
 
 def _say(text: str) -> None:
-    err.print(text, markup=False, highlight=False)
+    from ddtree_deploy.cli.text import plain
+
+    err.print(plain(text), markup=False, highlight=False)
 
 
 @app.command("run")
@@ -243,17 +245,19 @@ def report(
     host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
     deployment: str = typer.Argument(None),
     results_file: Path = typer.Option(None, "--results", metavar="FILE"),
-    out_dir: Path = typer.Option(None, "--out", metavar="DIR",
-                                 help="default: a report/ folder beside the results"),
+    out_dir: str = typer.Option(None, "--out", metavar="DIR",
+                                help="default: a report/ folder beside the results (made if "
+                                     "missing)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Markdown, HTML and LaTeX report with charts (each PNG with its CSV) from bench results."""
-    from ddtree_deploy.bench.report import build_report
+    from ddtree_deploy.bench.report import build_report, out_folder
     from ddtree_deploy.bench.results import Results
 
     path = _results_path(ctx, results_file, host, deployment)
+    folder = out_folder(out_dir, path.parent / "report")
     results = Results.load(path)
-    made = build_report(results, out_dir or path.parent / "report")
+    made = build_report(results, folder)
     if as_json:
         print_json(out, made.to_json())
         return

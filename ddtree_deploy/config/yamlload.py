@@ -311,9 +311,10 @@ def parse_yaml(text: str, file: str) -> LoadedYaml:
     return result
 
 
-def read_config_bytes(path: Path, what: str = "a YAML file") -> bytes:
-    """The bytes of a regular file of at most MAX_BYTES; a FIFO, a device (/dev/zero), a
-    folder or a huge file is refused without reading it (ConfigError naming the file)."""
+def read_config_bytes(path: Path, what: str = "a YAML file", limit: int = MAX_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; a FIFO, a device (/dev/zero), a
+    folder or a huge file is refused without reading it (ConfigError naming the file). The
+    one bounded reader of every file the user names as input (hosts.yaml, grids, results)."""
     file = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -332,14 +333,19 @@ def read_config_bytes(path: Path, what: str = "a YAML file") -> bytes:
                           f"expected {what}")
     with os.fdopen(fd, "rb") as f:
         try:
-            raw = f.read(MAX_BYTES + 1)
+            raw = f.read(limit + 1)
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise ConfigError(f"{file}: larger than {MAX_BYTES >> 20} MiB, expected {what}")
+    if len(raw) > limit:
+        raise ConfigError(f"{file}: larger than {limit >> 20} MiB, expected {what}")
     return raw
 
 
-def load_yaml_file(path: Path) -> LoadedYaml:
+def load_yaml_file(path: Path, what: str = "a YAML file") -> LoadedYaml:
     """Read and parse ``path``; every failure is a ConfigError naming the file as given."""
-    return parse_yaml(_decode(read_config_bytes(path), str(path)), str(path))
+    return parse_yaml(_decode(read_config_bytes(path, what), str(path)), str(path))
+
+
+def decode_utf8(raw: bytes, file: str) -> str:
+    """UTF-8 text (a BOM allowed) or a ConfigError naming the file, line and offset."""
+    return _decode(raw, file)
