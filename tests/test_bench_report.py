@@ -178,7 +178,7 @@ def test_report_cli_writes_markdown_html_latex_and_labels_synthetic(tmp_path: Pa
     md = (tmp_path / "r" / "report.md").read_text()
     page = (tmp_path / "r" / "report.html").read_text()
     tex = (tmp_path / "r" / "report.tex").read_text()
-    assert "**SYNTHETIC numbers**" in md and "\\[bold\\]x\\[\\/bold\\]" in md
+    assert "**SYNTHETIC numbers**" in md and "\\[bold\\]x\\[/bold\\]" in md
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "\\begin{tabular}" in tex and "\\&" in tex
     for name in ("tok_s_vs_budget_greedy", "accept_vs_budget_sampled", "dflash_vs_ddtree_greedy"):

@@ -33,7 +33,7 @@ LAB = "ddtree_lab"
 LAYERS: dict[str, tuple[str, ...]] = {
     "errors": ("ddtree_deploy.errors",),
     "base": ("=ddtree_deploy", "ddtree_deploy.xdg", "ddtree_deploy.resources",
-             "ddtree_deploy.localproc"),
+             "ddtree_deploy.localproc", "ddtree_deploy.atomicfile"),
     "transport": ("ddtree_deploy.transport",),
     "config": ("ddtree_deploy.config*",),
     "connect": ("ddtree_deploy.transport.connect", "ddtree_deploy.transport.fanout",

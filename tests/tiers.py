@@ -53,7 +53,8 @@ INTEGRATION_MARKERS = frozenset({"sshd", "slow"})
 INTEGRATION_MODULES = frozenset({
     "test_bench_cli.py", "test_bench_recommend.py", "test_bench_sweep.py",
     "test_ddtree_bench_smoke.py", "test_health_probe.py", "test_health_sampled.py",
-    "test_hostile_cli.py", "test_hostile_config.py", "test_hostile_yaml.py", "test_installer.py",
+    "test_hostile_cli.py", "test_hostile_config.py", "test_hostile_environment.py",
+    "test_hostile_yaml.py", "test_installer.py",
     "test_overlay_apply.py", "test_overlay_relay.py", "test_overlay_transfer.py",
     "test_packaging.py", "test_payload_cli.py", "test_payload_deploy.py", "test_payload_hostile.py",
     "test_payload_integration.py", "test_payload_upgrade.py", "test_payload_writes.py",

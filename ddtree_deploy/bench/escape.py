@@ -5,8 +5,10 @@ it is, never read as markup. First every character that could end a line or reac
 terminal raw (C0 and C1 controls, U+2028/2029, bidirectional overrides) is shown as an
 escape (``\\x0a``): a newline would end a LaTeX comment or a Markdown table row. Then:
 
-- `md`: every ASCII punctuation character backslash-escaped (CommonMark allows it for
-  all of them), so no `<img onerror=...>`, link, emphasis or table cell can form;
+- `md`: the characters that open inline markup backslash-escaped (`\\ ` * _ [ ] < > & | ~ $`:
+  HTML, links and images, emphasis, code, entities, table cells, strikethrough, math),
+  so no `<img onerror=...>`, link, emphasis or table cell can form (the text is never at
+  a line's start, where block markup would begin);
   `md_code`: a code span fenced by more backticks than the text holds;
 - `html`: `html.escape` with quotes;
 - `tex`: LaTeX's special characters as their text commands;
@@ -18,11 +20,10 @@ from __future__ import annotations
 
 import html as _html
 import re
-import string
 import unicodedata
 
 _BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
-_MD_SPECIAL = frozenset(string.punctuation)
+_MD_SPECIAL = frozenset("\\`*_[]<>&|~$")
 _TEX = {"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_",
         "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
         "<": "\\textless{}", ">": "\\textgreater{}", "|": "\\textbar{}"}

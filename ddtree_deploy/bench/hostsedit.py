@@ -4,16 +4,23 @@ comments, order and layout (ruamel.yaml round trip), shown as a diff first.
 Refused (exit 2): the embedded default hosts file (it ships with the tool; write your own and
 pass it with --hosts), a deployment that is not in the file, and a value that comes from an
 anchor or a merge key (`<<: *common`): changing it here would silently change every other
-place that shares it, or split it off without saying so. The new text is validated as a hosts
-file before it is written, and written atomically.
+place that shares it, or split it off without saying so. The new text is validated as the
+hosts file (problems name it, not a temporary) before anything is written.
+
+Kept as the file had them: its line endings (CRLF stays CRLF), a UTF-8 BOM, the indentation
+of mappings and sequences (read from the file, not ruamel's defaults), the comments after a
+`ddtree:` block that is removed (moved onto the key before it), and on writing its owner,
+mode and symlink (a linked hosts.yaml is written through the link, so every place sharing it
+sees the new value): `atomicfile.replace_file`, atomic and without leftovers, SIGTERM
+included.
 """
 
 from __future__ import annotations
 
 import difflib
 import io
-import os
-import tempfile
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +30,74 @@ from ddtree_deploy.errors import ConfigError, UsageError
 KEYS = ("algorithm", "ddtree")
 
 
-def _yaml() -> Any:
+_BLOCK_KEY = re.compile(r"^( *)[^\s#-][^#]*:\s*(#.*)?$")
+
+
+def _indentation(text: str) -> tuple[int, int, int]:
+    """(mapping, sequence, offset) for ruamel, as the file indents its blocks: the most
+    common step from a `key:` line to the block under it."""
+    lines = [line for line in text.splitlines() if line.strip() and
+             not line.lstrip().startswith("#")]
+    maps: Counter[int] = Counter()
+    seqs: Counter[int] = Counter()
+    for prev, cur in zip(lines, lines[1:], strict=False):
+        m = _BLOCK_KEY.match(prev)
+        if not m:
+            continue
+        step = len(cur) - len(cur.lstrip(" ")) - len(m.group(1))
+        if cur.lstrip(" ").startswith("- ") and step >= 0:
+            seqs[step] += 1
+        elif step > 0:
+            maps[step] += 1
+    mapping = maps.most_common(1)[0][0] if maps else 2
+    offset = seqs.most_common(1)[0][0] if seqs else 0
+    return mapping, max(offset + 2, mapping if offset else 2), offset
+
+
+def _yaml(text: str = "") -> Any:
     from ruamel.yaml import YAML
 
     y = YAML(typ="rt")
     y.preserve_quotes = True
     y.width = 4096
+    mapping, sequence, offset = _indentation(text)
+    y.indent(mapping=mapping, sequence=sequence, offset=offset)
     return y
+
+
+def _trailing_comment(node: Any) -> str:
+    """The comment lines that follow a block (ruamel keeps them on its last key or item)."""
+    while isinstance(node, dict | list) and node:
+        last = list(node)[-1] if isinstance(node, dict) else len(node) - 1
+        child = node[last]
+        if isinstance(child, dict | list) and child:
+            node = child
+            continue
+        ca = getattr(node, "ca", None)
+        token = ca.items.get(last) if ca is not None else None
+        comment = token[2] if token and len(token) > 2 else None
+        value = getattr(comment, "value", "") or ""
+        return value.partition("\n")[2]
+    return ""
+
+
+def _keep_comment_of_removed(dep: Any, key: str) -> None:
+    """Before `key` is deleted from `dep`, move the comment lines after its block onto the
+    key before it, where they will still be read in the same place."""
+    rest = _trailing_comment(dep[key])
+    keys = list(dep)
+    at = keys.index(key)
+    if not rest.strip() or at == 0:
+        return
+    from ruamel.yaml.error import CommentMark
+    from ruamel.yaml.tokens import CommentToken
+
+    prev = keys[at - 1]
+    slot = dep.ca.items.setdefault(prev, [None, None, None, None])
+    if slot[2] is not None:
+        slot[2].value = slot[2].value.rstrip("\n") + "\n" + rest
+    else:
+        slot[2] = CommentToken("\n" + rest, CommentMark(0), None)
 
 
 def _anchored(node: Any) -> bool:
@@ -79,11 +147,15 @@ def new_text(path: Path, deployment: str, choice: Choice) -> tuple[str, str]:
                              "(or $DDTREE_DEPLOY_HOSTS), and run recommend again")
     except FileNotFoundError:
         pass
+    from ddtree_deploy.config.yamlload import decode_utf8, read_config_bytes
+
+    raw = read_config_bytes(path, "a hosts file")
+    old = decode_utf8(raw, str(path))
+    bom = "\ufeff" if raw.startswith(b"\xef\xbb\xbf") else ""
+    crlf = old.count("\r\n") > old.count("\n") / 2
+    plain = old.replace("\r\n", "\n")
     try:
-        old = path.read_text(encoding="utf-8")
-        doc = _yaml().load(old)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        doc = _yaml(plain).load(plain)
     except YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     deps = doc.get("deployments") if isinstance(doc, dict) else None
@@ -116,11 +188,15 @@ def new_text(path: Path, deployment: str, choice: Choice) -> tuple[str, str]:
         tree["topk"] = choice.topk
         tree["shadow_linear"] = choice.shadow_linear
     elif "ddtree" in dep:
+        _keep_comment_of_removed(dep, "ddtree")
         del dep["ddtree"]  # only allowed with algorithm: ddtree
     _keep_anchors(doc)
     buf = io.StringIO()
-    _yaml().dump(doc, buf)
-    return old, buf.getvalue()
+    _yaml(plain).dump(doc, buf)
+    new = buf.getvalue()
+    if crlf:
+        new = new.replace("\r\n", "\n").replace("\n", "\r\n")
+    return bom + old, bom + new
 
 
 def diff(path: Path, old: str, new: str) -> str:
@@ -130,16 +206,10 @@ def diff(path: Path, old: str, new: str) -> str:
 
 
 def write(path: Path, new: str) -> None:
-    """Validate `new` as a hosts file, then replace `path` with it atomically."""
+    """Validate `new` as the hosts file at `path`, then replace the file atomically, through
+    a symlink, keeping its owner and mode (refusals name `path`, exit 2)."""
+    from ddtree_deploy.atomicfile import replace_file
     from ddtree_deploy.config.hosts import load_config
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(new)
-        load_config(tmp)  # raises ConfigError (exit 2) if the edit broke the file
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    load_config(path, text=new.removeprefix("\ufeff"))  # ConfigError if the edit broke it
+    replace_file(path, new.encode("utf-8"), keep=True, through_link=True)

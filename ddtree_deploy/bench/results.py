@@ -19,7 +19,6 @@ import csv
 import io
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy.bench.metrics import METRICS
-from ddtree_deploy.errors import ConfigError, DeployError
+from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.xdg import state_dir
 
 SCHEMA = "ddtree-deploy-bench/1"
@@ -194,15 +193,9 @@ def results_dir(host: str, service: str) -> Path:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from ddtree_deploy.atomicfile import replace_file
+
+    replace_file(path, text.encode("utf-8"))
 
 
 @dataclass
@@ -302,8 +295,6 @@ class Results:
         return buf.getvalue()
 
     def save(self) -> None:
-        try:
-            _atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
-            _atomic_write(self.path.with_suffix(".csv"), self.csv_text())
-        except OSError as exc:
-            raise DeployError(f"cannot write bench results {self.path}: {exc}") from None
+        """Both files replaced atomically (a failure names the file, exit 1, no temporary)."""
+        _atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
+        _atomic_write(self.path.with_suffix(".csv"), self.csv_text())

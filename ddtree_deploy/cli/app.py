@@ -7,6 +7,7 @@ stdout always gets JSON. Output that cannot be written (stdout on a full disk) i
 one line on stderr and exit 1; Ctrl-C while the CLI is still starting exits 130.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -18,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import typer
 
-# Writing the output failed: the disk or quota is full, or the device gives up.
-_OUTPUT_LOST = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+# Writing the output failed: the disk or quota is full, the device gives up, the reader left
+# or the descriptor is gone.
+_OUTPUT_LOST = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF)
+_STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
 
 
 # The commands in the order `--help` lists them: (name, module of ddtree_deploy.cli, attribute,
@@ -150,8 +153,40 @@ def _output_lost(exc: OSError) -> None:
     sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
 
 
+def _standard_streams() -> bool:
+    """Make the standard streams safe to use; False when stdout was closed (`>&-`).
+
+    A closed descriptor 0, 1 or 2 gets /dev/null, so that no file the tool opens later takes
+    its number (a results file receiving the output), and Python's None stream a real one;
+    a stream whose encoding cannot hold a character (PYTHONIOENCODING=ascii and a path in
+    UTF-8) writes it as an escape (`\\xe9`) instead of raising."""
+    stdout_open = True
+    for fd, name, mode in _STREAMS:
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            stream = open(fd, mode, encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                          closefd=False)  # the process's own stream, for its whole life
+            setattr(sys, name, stream)
+            stdout_open = stdout_open and fd != 1
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+    return stdout_open
+
+
 def main(argv: "list[str] | None" = None) -> None:
     """Console entry point; typer handles usage errors (exit 2) and exits itself."""
+    if not _standard_streams():
+        sys.stderr.write("error: cannot write the output: standard output is closed (>&-); "
+                         "nothing was done (redirect it to /dev/null to discard it)\n")
+        sys.exit(1)
     args = list(sys.argv[1:] if argv is None else argv)
     # Ctrl-C during the imports: a line and 130, not a traceback; a SIGINT the caller ignored
     # (a background job of a shell without job control) stays ignored, as later in the run

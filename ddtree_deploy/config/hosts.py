@@ -34,7 +34,14 @@ from ddtree_deploy.config.schema import (
     expand_vars,
     local_host,
 )
-from ddtree_deploy.config.yamlload import LoadedYaml, PathKey, Problem, load_yaml_file, path_part
+from ddtree_deploy.config.yamlload import (
+    LoadedYaml,
+    PathKey,
+    Problem,
+    load_yaml_file,
+    parse_yaml,
+    path_part,
+)
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.xdg import config_dir
@@ -111,9 +118,12 @@ def _must_exist(path: Path, given: str) -> Path:
     return path
 
 
-def load_config(path: Path | str) -> Config:
-    """Load and fully validate a hosts file; any problem raises one ConfigError listing all."""
-    return _Loader(Path(path)).run()
+def load_config(path: Path | str, *, text: str | None = None) -> Config:
+    """Load and fully validate a hosts file; any problem raises one ConfigError listing all.
+
+    With `text`, that text is validated as the file at `path` would be (relative paths
+    from its folder, problems naming it): an edit checked before anything is written."""
+    return _Loader(Path(path), text).run()
 
 
 def _clone_path(host: str, venv: str) -> PathKey:
@@ -157,10 +167,11 @@ def _not_a_file(path: Path | None) -> str | None:
 
 
 class _Loader:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, text: str | None = None) -> None:
         self.path = path
         self.file = str(path)
-        self.doc: LoadedYaml = load_yaml_file(path)
+        self.doc: LoadedYaml = load_yaml_file(path) if text is None else \
+            parse_yaml(text, self.file)
         self.problems: list[Problem] = list(self.doc.problems)
         self.declared: dict[str, set[str]] = {"hosts": set(), "deployments": set()}
         # Values dropped after a failed validation: checks about them would only echo the error.

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from ddtree_deploy import xdg
+from ddtree_deploy.atomicfile import replace_file
 from ddtree_deploy.config.hosts import HostSpec
 from ddtree_deploy.facts.model import SCHEMA_VERSION, Facts
 
@@ -58,11 +58,10 @@ class FactsCache:
         return facts
 
     def save(self, spec: HostSpec, facts: Facts) -> Path:
+        """Write the host's facts atomically (atomicfile: no temporary left on a full disk;
+        a failure names the file, exit 1)."""
         path = self._file(spec)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(facts.model_dump_json(indent=1), encoding="utf-8")
-        tmp.replace(path)
+        replace_file(path, facts.model_dump_json(indent=1).encode("utf-8"), mode=0o600)
         return path
 
     def drop(self, spec: HostSpec) -> None:

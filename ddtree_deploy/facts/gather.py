@@ -98,6 +98,8 @@ def collect(
 ) -> list[Outcome[Facts]]:
     """Facts for each host, from the cache when fresh, else gathered (in parallel)."""
 
+    fresh: set[str] = set()
+
     def one(name: str) -> Facts:
         spec = config.host(name)
         extra = (extra_venvs or {}).get(name, [])
@@ -107,7 +109,13 @@ def collect(
                     and all(cached.model(p) for p in model_paths(config, spec)):
                 return cached
         facts = gather(config, spec, extra)
-        cache.save(spec, facts)
+        fresh.add(name)
         return facts
 
-    return fan_out(hosts, one, concurrency=concurrency)
+    outcomes = fan_out(hosts, one, concurrency=concurrency)
+    # Saved here, not in each host's thread: a cache that cannot be written (a full state
+    # disk) is this machine's problem, one error naming the file, never a host's failure.
+    for outcome in outcomes:
+        if outcome.value is not None and outcome.host in fresh:
+            cache.save(config.host(outcome.host), outcome.value)
+    return outcomes

@@ -1,0 +1,98 @@
+"""The CLI in a hostile environment: closed standard streams, an ASCII-only encoding.
+
+Every case is data: how the command is started, the exit code expected and a fragment of
+its one message; never a traceback. Run as subprocesses (the streams are the process's own).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "tests" / "data" / "bench" / "standin-sweep.json"
+HOSTS = """\
+version: 1
+hosts:
+  gpu1:
+    address: 10.0.0.5
+    venvs:
+      serve: {path: /opt/v\u00e9, role: serving}
+deployments:
+  svc:
+    host: gpu1
+    venv: serve
+    cuda_lane: cu130
+    sglang: {version: 0.5.11}
+    algorithm: dflash
+    model_path: /m/t\u00e9
+    draft_model_path: /m/d
+    port: 30001
+"""
+
+
+def _close(*fds: int) -> Callable[[], None]:
+    def close() -> None:
+        for fd in fds:
+            os.close(fd)
+    return close
+
+
+# (case id, args after --hosts FILE, environment additions, streams closed in the child,
+#  exit code, fragment of stderr (or None), fragment of stdout (or None))
+CASES: list[tuple[str, list[str], dict[str, str], tuple[int, ...], int, str | None,
+                  str | None]] = [
+    ("stdout-closed", ["hosts", "list"], {}, (1,), 1, "standard output is closed", None),
+    ("stdout-closed-json", ["hosts", "list", "--json"], {}, (1,), 1, "standard output is closed",
+     None),
+    ("stdin-closed-hosts-list", ["hosts", "list"], {}, (0,), 0, None, "svc"),
+    ("stderr-closed-bad-hosts", ["--hosts", "/nonexistent/\u00e9.yaml", "hosts", "list"], {},
+     (2,), 2, None, None),
+    ("ascii-encoding-non-ascii-path", ["hosts", "list"], {"PYTHONIOENCODING": "ascii"}, (), 0,
+     None, "/opt/v\\xe9"),
+    ("ascii-encoding-error-path", ["--hosts", "/nonexistent/\u00e9/h.yaml", "hosts", "list"],
+     {"PYTHONIOENCODING": "ascii"}, (), 2, "/nonexistent/\\xe9/h.yaml", None),
+    ("ascii-json", ["bench", "recommend", "--results", "{dir}/results.json", "--json"],
+     {"PYTHONIOENCODING": "ascii"}, (), 0, None, "h\\u00e9"),
+    ("ascii-report",
+     ["bench", "report", "--results", "{dir}/results.json", "--out", "{dir}/r\u00e9"],
+     {"PYTHONIOENCODING": "ascii"}, (), 0, "r\\xe9", None),
+    ("recommend-write-stdin-closed",
+     ["bench", "recommend", "--results", str(RECORDED), "--write", "svc"], {}, (0,), 2,
+     "confirm on a terminal, or pass --yes", None),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "env", "closed", "code", "err", "out"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_the_cli_in_a_hostile_environment(tmp_path: Path, case: str, args: list[str],
+                                          env: dict[str, str], closed: tuple[int, ...],
+                                          code: int, err: str | None, out: str | None) -> None:
+    hosts = tmp_path / "h\u00e9" / "hosts.yaml"
+    hosts.parent.mkdir()
+    hosts.write_text(HOSTS, encoding="utf-8")
+    (hosts.parent / "results.json").write_bytes(RECORDED.read_bytes())
+    before = hosts.read_bytes()
+    args = [a.replace("{dir}", str(hosts.parent)) for a in args]
+    argv = args if args[0] == "--hosts" else ["--hosts", str(hosts), *args]
+    stderr_file = tmp_path / "stderr"
+    with stderr_file.open("wb") as errf:
+        done = subprocess.run(
+            [sys.executable, "-m", "ddtree_deploy.cli", *argv], stdout=subprocess.PIPE,
+            stderr=errf, env={**os.environ, "NO_COLOR": "1", **env}, cwd=tmp_path,
+            preexec_fn=_close(*closed), timeout=120, check=False)
+    stderr = stderr_file.read_bytes().decode("utf-8", "replace")
+    stdout = done.stdout.decode("utf-8", "replace")
+    assert done.returncode == code, (stdout, stderr)
+    assert "Traceback" not in stderr
+    if err is not None:
+        assert err in stderr
+    if out is not None:
+        assert out in stdout
+    assert hosts.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h\u00e9", "stderr"]
