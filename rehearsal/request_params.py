@@ -17,7 +17,8 @@ Checks, per server, all in mixed concurrent batches:
 * ``topk-mix``: 16 requests with top-k 2 beside 16 leaving top-k unset (temperature 8, top-p 1):
   768 sampled transitions of the top-k 2 rows; one token outside the target's top 2 fails (the
   old shortcut puts nearly all of them outside: ~1/8 inside at temperature 8 over a flat tail).
-  Plus 8 rows top-p 0.5 and 8 rows min-p 0.3 in the same batch (support checked the same way).
+  Then, in a second wave (a top-p or min-p row in the batch would hide the old shortcut), 8 rows
+  top-p 0.5 and 8 rows min-p 0.3 beside 8 unset ones (support checked the same way).
 * ``penalty``: frequency_penalty 1.5 on greedy requests: DDTREE must refuse (400); a server that
   answers must answer what no speculation answers.
 * ``multiturn``: a second turn that extends the first turn's prompt and answer (the radix cache
@@ -107,6 +108,20 @@ def _body(fields: dict[str, Any], stream: bool) -> dict[str, Any]:
     return {"input_ids": [11, 12, 100], "sampling_params": sp, "stream": stream, **extra}
 
 
+# The OpenAI completions names of SGLang's fields (protocol.py's CompletionRequest, 0.5.11)
+V1_NAMES = {"min_new_tokens": "min_tokens", "return_logprob": "logprobs"}
+
+
+def _v1_body(fields: dict[str, Any]) -> dict[str, Any]:
+    flat = {**fields.get("sampling_params", {}),
+            **{k: v for k, v in fields.items() if k != "sampling_params"}}
+    body: dict[str, Any] = {"model": "default", "prompt": [11, 12, 100], "max_tokens": 8,
+                            "temperature": 0.0, "stream": False}
+    for key, value in flat.items():
+        body[V1_NAMES.get(key, key)] = 1 if key == "return_logprob" else value
+    return body
+
+
 def refusals(port: int, ddtree: bool) -> dict[str, Any]:
     """Each refused row on three routes; ok: refused naming it and DDTREE (DDTREE servers) and
     the neutral value served."""
@@ -116,13 +131,7 @@ def refusals(port: int, ddtree: bool) -> dict[str, Any]:
         got: dict[str, Any] = {}
         for route, stream in (("generate", False), ("generate-stream", True), ("v1", False)):
             if route == "v1":
-                body = {"model": "default", "prompt": [11, 12, 100], "max_tokens": 8,
-                        "temperature": 0.0, "stream": False,
-                        **{("logprobs" if k == "return_logprob" else k): (1 if v is True else v)
-                           for k, v in {**fields.get("sampling_params", {}),
-                                        **{k: v for k, v in fields.items()
-                                           if k != "sampling_params"}}.items()}}
-                status, text = post(port, "/v1/completions", body)
+                status, text = post(port, "/v1/completions", _v1_body(fields))
             else:
                 status, text = post(port, "/generate", _body(fields, stream))
             named = name in text and "DDTREE" in text
@@ -181,38 +190,43 @@ def greedy(port: int, reference: list[Any], jobs: list[dict[str, Any]]) -> dict[
             "with_stop_id": sum("stop_token_ids" in j["sampling_params"] for j in jobs)}
 
 
+KINDS: dict[str, dict[str, Any]] = {"top_k 2": {"top_k": 2}, "top_p 0.5": {"top_p": 0.5},
+                                   "min_p 0.3": {"min_p": 0.3}, "unset": {}}
+# Two waves, one after the other: top-k 2 beside rows that leave everything unset (a batch with
+# a top-p or min-p row takes the sorted path, which would hide the old shortcut), then top-p and
+# min-p rows beside unset ones. (kind, requests) per wave.
+WAVES = ((("top_k 2", 16), ("unset", 16)), (("top_p 0.5", 8), ("min_p 0.3", 8), ("unset", 8)))
+
+
 def topk_mix(port: int, logits: Any, seed: int = 3) -> dict[str, Any]:
-    """Rows with top-k 2, top-p 0.5 and min-p 0.3 in one batch with rows leaving all unset."""
+    """Rows with top-k 2, top-p 0.5 or min-p 0.3 in batches with rows leaving all unset; every
+    sampled transition checked against the kept set of its row's filters."""
     import torch
 
     from rehearsal import checks
 
     raw = torch.softmax(logits / HOT, dim=-1)
-    kinds = {"top_k 2": {"top_k": 2}, "top_p 0.5": {"top_p": 0.5}, "min_p 0.3": {"min_p": 0.3},
-             "unset": {}}
-    counts = {"top_k 2": 16, "top_p 0.5": 8, "min_p 0.3": 8, "unset": 16}
     floors = {}
-    for kind, f in kinds.items():
+    for kind, f in KINDS.items():
         kept = checks.filtered_probs(raw, top_k=f.get("top_k", -1), top_p=f.get("top_p", 1.0),
                                      min_p=f.get("min_p", 0.0))
         floors[kind] = torch.where(kept > 0, raw, torch.inf).min(dim=-1).values
     rng = random.Random(seed)
-    jobs = []
-    for kind, n in counts.items():
-        for _ in range(n):
-            jobs.append((kind, [rng.randrange(10, 99), 100]))
-    rng.shuffle(jobs)
 
     def one(job: tuple[str, list[int]]) -> tuple[str, list[int], Any]:
         kind, prompt = job
-        sp = {"max_new_tokens": 48, "temperature": HOT, "ignore_eos": True, **kinds[kind]}
+        sp = {"max_new_tokens": 48, "temperature": HOT, "ignore_eos": True, **KINDS[kind]}
         status, text = post(port, "/generate", {"input_ids": prompt, "sampling_params": sp},
                             timeout=120)
         return kind, prompt, (json.loads(text).get("output_ids") if status == 200 else None)
 
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        answers = list(pool.map(one, jobs))
-    out: dict[str, Any] = {k: {"transitions": 0, "outside": 0, "failed": 0} for k in kinds}
+    answers = []
+    for wave in WAVES:
+        jobs = [(kind, [rng.randrange(10, 99), 100]) for kind, n in wave for _ in range(n)]
+        rng.shuffle(jobs)
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            answers += list(pool.map(one, jobs))
+    out: dict[str, Any] = {k: {"transitions": 0, "outside": 0, "failed": 0} for k in KINDS}
     for kind, prompt, ids in answers:
         if ids is None:
             out[kind]["failed"] += 1

@@ -68,6 +68,8 @@ INTEGRATION_MODULES = frozenset({
     "test_health_stall.py",
     # SGLang's real sampler and request fields, read from its wheel
     "test_ddtree_sampling_sglang.py", "test_request_contract.py",
+    # the request-parameter phase against fake servers (HTTP servers in threads)
+    "test_rehearsal_request_params.py",
 })
 # Single tests that start processes in modules of mostly unit tests (and the DDTree core's
 # end-to-end decoding runs: pure, but the heaviest torch work of the suite).

@@ -1,0 +1,219 @@
+"""A CPU dry run of the request-parameter phase (rehearsal/request_params.py) against fakes.
+
+Each fake server answers /generate and /v1/completions the way SGLang does in token-id mode
+(statuses, JSON shapes, server-sent events), from the ladder design's closed-form greedy path and
+a fixed bigram law for sampling. The DDTREE fakes admit requests with the real shared admission
+(payload/ddtree/admission.py); the two negative controls do what their faults do (top-k ignored
+in batches of unset rows; penalties let through and ignored). The phase must pass the real
+ones and fail both controls; what this cannot show (SGLang's own behaviour) is the GPU call's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "payload"))
+
+from ddtree import admission  # noqa: E402
+
+from rehearsal import checks, request_params  # noqa: E402
+from rehearsal.designs import expected, get_design  # noqa: E402
+
+LAD = get_design("ladder")
+LOGITS = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(2)) * 6
+PENALISED = ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens")
+
+
+def _tokens(mode: str, ids: list[int], sp: dict[str, Any], rng: random.Random) -> list[int]:
+    n = int(sp.get("max_new_tokens", 128))
+    temperature = float(sp.get("temperature", 1.0))
+    neutral = {k: 1.0 if k == "repetition_penalty" else 0.0 for k in PENALISED}
+    penalised = mode == "nospec" and any(float(sp.get(k, neutral[k])) != neutral[k]
+                                         for k in PENALISED)
+    if temperature == 0.0:
+        out = expected(LAD, ids, n)
+        if penalised:  # what a penalty does to the greedy path, in the fake: changes it
+            out = [t if i % 3 else 10 + (t % 50) for i, t in enumerate(out)]
+    else:
+        top_k = int(sp.get("top_k", -1))
+        if mode == "topkfault" and float(sp.get("top_p", 1)) == 1 and not sp.get("min_p"):
+            top_k = -1  # the old shortcut: the whole vocabulary
+        out, prev = [], ids[-1]
+        for _ in range(n):
+            law = checks.filtered_probs(torch.softmax(LOGITS[prev:prev + 1] / temperature, -1),
+                                        top_k=top_k, top_p=float(sp.get("top_p", 1.0)),
+                                        min_p=float(sp.get("min_p", 0.0)))[0]
+            prev = int(torch.multinomial(law, 1, generator=torch.Generator().manual_seed(
+                rng.randrange(1 << 30))))
+            out.append(prev)
+    stops = sp.get("stop_token_ids") or []
+    for i, t in enumerate(out):
+        if t in stops:
+            return out[:i + 1]
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    mode = "nospec"
+    rng = random.Random(0)
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _reply(self, status: int, doc: Any) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _admit(self, fields: dict[str, Any]) -> str | None:
+        if self.mode == "nospec" or self.mode == "dflash":
+            return None
+        if self.mode == "penaltyfault":
+            fields = {**fields, "sampling_params": {
+                k: v for k, v in (fields.get("sampling_params") or {}).items()
+                if k not in PENALISED}}
+        try:
+            admission.check_request(fields)
+        except admission.Refused as exc:
+            return str(exc)
+        return None
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/completions":
+            names = {v: k for k, v in request_params.V1_NAMES.items()}
+            sp: dict[str, Any] = {"max_new_tokens": body.pop("max_tokens")}
+            fields: dict[str, Any] = {"input_ids": body.pop("prompt")}
+            for k, v in body.items():
+                k = names.get(k, k)
+                if k in admission.SAMPLING_RULES or k == "temperature":
+                    sp[k] = v
+                elif k in admission.REQUEST_RULES:
+                    fields[k] = bool(v) if k == "return_logprob" else v
+            why = self._admit({**fields, "sampling_params": sp})
+            if why:
+                return self._reply(400, {"object": "error", "message": why, "code": 400})
+            ids = _tokens(self.mode, fields["input_ids"], sp, self.rng)
+            return self._reply(200, {"choices": [{"text": "", "index": 0}], "n": len(ids)})
+        why = self._admit({k: v for k, v in body.items()})
+        if why:
+            return self._reply(400, {"error": {"message": why}})
+        ids = _tokens(self.mode, body["input_ids"], body.get("sampling_params") or {}, self.rng)
+        if not body.get("stream"):
+            return self._reply(200, {"output_ids": ids, "meta_info": {}})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            for i in range(1, len(ids) + 1):
+                self.wfile.write(b"data: " + json.dumps({"output_ids": ids[:i]}).encode()
+                                 + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:  # the client cut the stream: an abort
+            pass
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the phase sends up to 40 requests at once
+    daemon_threads = True
+
+
+class _R:
+    """What run_phase uses of rehearsal.run.Rehearsal."""
+
+    def __init__(self, logs: Path) -> None:
+        self.result: dict[str, Any] = {"checks": {}, "not_run": []}
+        self.logs, self.running = logs, {}
+
+    def healthy(self, name: str) -> bool:
+        return True
+
+    def left(self) -> float:
+        return 500.0
+
+    def save(self, logs: bool = True) -> None:
+        pass
+
+
+MODES = {"rp-nospec": "nospec", "rp-dflash": "dflash", "rp-ddtree15": "ddtree",
+         "rp-ddtree31-nograph": "ddtree", "rp-ddtree15-topkfault": "topkfault",
+         "rp-ddtree15-penaltyfault": "penaltyfault"}
+
+
+@pytest.fixture()
+def fakes(tmp_path: Path) -> Any:
+    from dataclasses import replace
+
+    started, servers = [], []
+    for s in request_params.servers(str(tmp_path)):
+        handler = type("H", (_Handler,), {"mode": MODES[s.name], "rng": random.Random(7)})
+        httpd = _Server(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        servers.append(replace(s, port=httpd.server_address[1]))
+        (tmp_path / f"{s.name}.log").write_text("[t] ready\n")
+        (tmp_path / f"{s.name}.service").write_text(
+            "Environment=SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1\n")
+    yield servers
+    for httpd in started:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_phase_passes_exact_servers_and_fails_both_negative_controls(
+        fakes: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checks, "transition_logits", lambda _path: LOGITS)
+    monkeypatch.setattr(request_params.time, "sleep", lambda _s: None)
+    r = _R(tmp_path)
+    r.running = {s.name: type("Run", (), {"pid": os.getpid()})() for s in fakes}
+    request_params.run_phase(r, fakes, tmp_path)
+    got = r.result["checks"]
+    verdict = got["request-params/verdict"]
+    bad = {k: str(v)[:300] for k, v in got.items()
+           if not v.get("ok") and "fault" not in k and "dflash" not in k}
+    assert verdict["ok"], bad
+    for name in ("rp-ddtree15", "rp-ddtree31-nograph"):
+        for check in ("refusals", "greedy", "topk-mix", "penalty", "multiturn", "abort", "leaks"):
+            assert got[f"request-params/{name}/{check}"]["ok"], (name, check)
+    assert got["request-params/rp-ddtree15/topk-mix"]["top_k 2"]["transitions"] == 16 * 48
+    # each control fails where its fault is, and only there among the token checks
+    topk = got["request-params/rp-ddtree15-topkfault/topk-mix"]
+    assert not topk["ok"] and topk["top_k 2"]["outside"] > 16 * 48 // 2
+    assert topk["top_p 0.5"]["outside"] == 0 and topk["min_p 0.3"]["outside"] == 0
+    assert got["request-params/rp-ddtree15-topkfault/refusals"]["ok"]
+    pen = got["request-params/rp-ddtree15-penaltyfault/penalty"]
+    assert not pen["ok"] and pen["served_wrong"] > 0 and pen["refused"] == 0
+    assert not got["request-params/rp-ddtree15-penaltyfault/refusals"]["ok"]
+    assert got["request-params/rp-nospec/topk-mix"]["ok"]
+    row = got["request-params/rp-ddtree15/refusals"]["rows"]["min_new_tokens"]
+    assert {row[k]["status"] for k in ("generate", "generate-stream", "v1")} == {400}
+    assert row["neutral"]["status"] == 200
+
+
+def test_a_leak_report_or_a_dead_server_fails_its_check(tmp_path: Path) -> None:
+    log, unit = tmp_path / "s.log", tmp_path / "s.service"
+    unit.write_text("Environment=SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1\n")
+    log.write_text("[t] ok\n")
+    assert request_params.leaks(log, unit, os.getpid())["ok"]
+    log.write_text("ValueError: token_to_kv_pool_allocator memory leak detected! ...\n")
+    assert not request_params.leaks(log, unit, os.getpid())["ok"]
+    log.write_text("[t] ok\n")
+    assert not request_params.leaks(log, unit, None)["ok"]
+    unit.write_text("Environment=HF_HUB_OFFLINE=1\n")
+    assert not request_params.leaks(log, unit, os.getpid())["ok"]
