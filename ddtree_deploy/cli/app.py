@@ -110,9 +110,12 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         hosts: str = typer.Option(None, "--hosts", metavar="FILE",
                                   help="hosts file (default: $DDTREE_DEPLOY_HOSTS, ./hosts.yaml, "
                                        "XDG config, the embedded lab file)"),
+        lab: bool = typer.Option(False, "--lab",
+                                 help="use the embedded lab hosts file on purpose (apply refuses "
+                                      "it when it is only the default)"),
         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
     ) -> None:
-        ctx.obj = {"hosts": hosts}
+        ctx.obj = {"hosts": hosts, "lab": lab}
 
     return app
 

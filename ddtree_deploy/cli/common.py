@@ -10,8 +10,19 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import typer
 
-from ddtree_deploy.config.hosts import Config, find_hosts_file, load_config
+from ddtree_deploy.cli.text import plain
+from ddtree_deploy.config.hosts import (
+    EMBEDDED,
+    FROM_CWD,
+    FROM_XDG,
+    LAB,
+    NAMED,
+    Config,
+    load_config,
+    locate_hosts_file,
+)
 from ddtree_deploy.errors import UsageError
+from ddtree_deploy.resources import embedded_hosts_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -65,6 +76,15 @@ def is_tty(con: Console) -> bool:
     return stream.isatty() if stream is not None else bool(con.is_terminal)
 
 
+_FOUND = {
+    FROM_CWD: "./hosts.yaml of this folder",
+    FROM_XDG: "from the XDG config folder",
+    EMBEDDED: "the embedded lab file, used when no --hosts, $DDTREE_DEPLOY_HOSTS, "
+              "./hosts.yaml or XDG config file is found: its hosts are the lab's addresses; "
+              "apply on it needs --lab",
+}
+
+
 def config_of(ctx: typer.Context) -> Config:
     """The validated hosts file named by --hosts (or found by discovery), cached on ctx."""
     root = ctx.find_root()
@@ -73,7 +93,17 @@ def config_of(ctx: typer.Context) -> Config:
         cli_path = obj.get("hosts")
         if cli_path is not None and not cli_path.strip():
             raise UsageError(f"--hosts {cli_path!r}: expected the path of a hosts file")
-        obj["config"] = load_config(find_hosts_file(Path(cli_path) if cli_path else None))
+        if obj.get("lab") and cli_path is not None:
+            raise UsageError("--lab and --hosts both name a hosts file: give one of them")
+        if obj.get("lab"):
+            path, source = embedded_hosts_file(), LAB
+        else:
+            path, source = locate_hosts_file(Path(cli_path) if cli_path else None)
+        loaded = load_config(path)
+        loaded.source = source
+        if source not in NAMED:  # found, not named: say which file this run uses
+            sys.stderr.write(plain(f"hosts file: {path} ({_FOUND[source]})") + "\n")
+        obj["config"] = loaded
         root.obj = obj
     config: Config = obj["config"]
     return config

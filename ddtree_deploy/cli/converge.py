@@ -13,7 +13,7 @@ import typer
 from ddtree_deploy.cli.common import config_of, console, hosts_or_all, print_json
 from ddtree_deploy.cli.files import output_path, read_input, write_output
 from ddtree_deploy.cli.text import esc, plain
-from ddtree_deploy.config.hosts import Config
+from ddtree_deploy.config.hosts import EMBEDDED, Config
 from ddtree_deploy.errors import DeployError, ExitCode, RefusedError, UsageError
 
 out = console(soft_wrap=True)
@@ -141,6 +141,11 @@ def apply(
     from ddtree_deploy.transport.fanout import exit_code, fan_out
 
     config = config_of(ctx)
+    if config.source == EMBEDDED:
+        raise UsageError(f"apply would change the lab's hosts from {config.path}, the embedded "
+                         "default found for want of a hosts file",
+                         hint="name yours (--hosts FILE, $DDTREE_DEPLOY_HOSTS, ./hosts.yaml) or "
+                              "ask for the lab: ddtree-deploy --lab apply ...")
     saved: Plan | None = None
     if plan_file is not None:
         text = read_input(plan_file, "--plan")

@@ -65,6 +65,7 @@ class Config:
         self.path = path
         self.hosts = hosts
         self.deployments = deployments
+        self.source = FROM_FLAG  # where the file came from (locate_hosts_file); set by the CLI
 
     def host(self, name: str) -> HostSpec:
         """The host called ``name``; ``localhost`` is always there (the workstation itself)."""
@@ -96,18 +97,32 @@ def _did_you_mean(name: str, known: list[str]) -> str:
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
-def find_hosts_file(cli_path: Path | None = None) -> Path:
-    """--hosts FILE, else $DDTREE_DEPLOY_HOSTS, else ./hosts.yaml, else the XDG config
-    folder's hosts.yaml, else the embedded default (the lab)."""
+# Where a hosts file came from (locate_hosts_file): named on purpose, found, or the default.
+FROM_FLAG, FROM_ENV, FROM_CWD, FROM_XDG, EMBEDDED = (
+    "--hosts", f"${ENV_VAR}", "./hosts.yaml", "the XDG config folder", "embedded")
+LAB = "--lab"  # the embedded file, asked for by name: the lab
+NAMED = (FROM_FLAG, FROM_ENV, LAB)
+
+
+def locate_hosts_file(cli_path: Path | None = None) -> tuple[Path, str]:
+    """The hosts file and where it came from: --hosts FILE, else $DDTREE_DEPLOY_HOSTS, else
+    ./hosts.yaml (a user's file, a checkout's too), else the XDG config folder's hosts.yaml,
+    else the embedded default (EMBEDDED: the lab's addresses)."""
     if cli_path is not None:
-        return _must_exist(Path(cli_path).expanduser(), f"--hosts {cli_path}")
+        return _must_exist(Path(cli_path).expanduser(), f"--hosts {cli_path}"), FROM_FLAG
     from_env = os.environ.get(ENV_VAR)
     if from_env:
-        return _must_exist(Path(from_env).expanduser(), f"${ENV_VAR}={from_env}")
-    for candidate in (Path("hosts.yaml"), config_dir() / "hosts.yaml"):
+        return _must_exist(Path(from_env).expanduser(), f"${ENV_VAR}={from_env}"), FROM_ENV
+    for candidate, source in ((Path("hosts.yaml"), FROM_CWD),
+                              (config_dir() / "hosts.yaml", FROM_XDG)):
         if candidate.is_file():
-            return candidate
-    return embedded_hosts_file()
+            return candidate, source
+    return embedded_hosts_file(), EMBEDDED
+
+
+def find_hosts_file(cli_path: Path | None = None) -> Path:
+    """The hosts file locate_hosts_file finds."""
+    return locate_hosts_file(cli_path)[0]
 
 
 def _must_exist(path: Path, given: str) -> Path:
