@@ -24,7 +24,8 @@ factories given a ``device=``; ``seq_lens_cpu`` and what ``.cpu()`` returns are 
   device tensor, and ops whose output size depends on device data (boolean-mask indexing,
   ``nonzero``, ``masked_select``);
 * ``H2D``: host->device copies (``torch.tensor(list, device=...)``, ``.to(device)`` of a host
-  tensor);
+  tensor); one that is not ``non_blocking`` counts as a sync too (torch waits for the stream
+  after a blocking copy);
 * ``prefix-sized``: elements of the device tensors whose size grows with the prefix (found by
   running the round at two prefix lengths and comparing each op's output size).
 
@@ -44,6 +45,7 @@ import ast
 import contextlib
 import dataclasses
 import json
+import logging
 import shutil
 import statistics
 import subprocess
@@ -175,6 +177,8 @@ class FunctionTracker(TorchFunctionMode):
                 self.tracker.add(out)
                 if func in (torch.tensor, torch.as_tensor) and not self.dispatch.paused:
                     self.counts.h2d[func.__name__] += 1
+                    # a blocking copy from pageable memory: torch waits for the stream
+                    self.counts.syncs[f"H2D blocking ({func.__name__}(device=))"] += 1
             return out
         counting = not self.dispatch.paused
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -196,6 +200,8 @@ class FunctionTracker(TorchFunctionMode):
             self.tracker.add(out)
             if counting:
                 self.counts.h2d[".to(device)"] += 1
+                if not kwargs.get("non_blocking") and not (len(args) > 2 and args[2] is True):
+                    self.counts.syncs["H2D blocking (.to(device))"] += 1
             return out
         if func in (torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy) and on_dev \
                 and counting:
@@ -330,6 +336,20 @@ def dflash_tail(path: Path, env: dict[str, Any]) -> Any:
     return env["_tail"]
 
 
+def fused_norm_rope(session: Session) -> Any:
+    """0.5.11's ``_fused_norm_rope`` (one Triton launch: K's RMSNorm and RoPE, V copied) as its
+    launch, with a CPU stand-in's outputs (``[tokens, kv_heads, head_dim]`` K and V)."""
+    def fn(kv: torch.Tensor, weight: Any, cos_sin: Any, positions: torch.Tensor,
+           heads: int, head_dim: int, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        session.launch("fused_norm_rope")
+        with session.function.pause():
+            k, v = kv.view(kv.shape[0], 2, heads, head_dim).unbind(1)
+            out = (k + positions.view(-1, 1, 1).to(k.dtype), v.clone())
+        session.tracker.add(out)
+        return out
+    return fn
+
+
 def dflash_method(path: Path, name: str, env: dict[str, Any]) -> Any:
     fn = _method_source(path, "DFlashWorker", name)
     module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
@@ -413,9 +433,14 @@ def load(pkg: Path, session: Session) -> types.SimpleNamespace:
                                dflash_utils.resolve_dflash_verify_mask_policy,
                            "List": list, "Optional": Any}
     tail = dflash_tail(worker_py, env)
-    greedy = dflash_method(worker_py, "_greedy_sample_from_vocab_parallel_head", env)
-    base = type("DFlashWorker", (), {"_greedy_sample_from_vocab_parallel_head": greedy,
-                                     "draft_tail": tail})
+    env["logger"] = logging.getLogger("dflash_worker")
+    names = ("_greedy_sample_from_vocab_parallel_head", "_append_target_hidden_to_draft_kv",
+             "_gather_req_to_token_masked", "_append_target_hidden_fused")
+    base = type("DFlashWorker", (), {"draft_tail": tail,
+                                     **{n: dflash_method(worker_py, n, env) for n in names}})
+    sys.modules["sglang.srt.speculative.triton_ops.fused_kv_materialize"] = _stub(
+        "sglang.srt.speculative.triton_ops.fused_kv_materialize",
+        _fused_norm_rope=fused_norm_rope(session))
     sys.modules["sglang.srt.speculative.dflash_worker"] = _stub(
         "sglang.srt.speculative.dflash_worker", DFlashWorker=base)
     import sglang.srt.speculative.ddtree_info as ddtree_info

@@ -9,8 +9,9 @@ Verification is exact: a greedy request follows the target's argmax; a sampled o
 target's own sample at every slot (``ddtree_sampling``: temperature, top-k, top-p, min-p as the
 request asks), so DDTREE's output distribution is the target's, as DFLASH's is. The one
 device-to-host copy per round is the packed accepted tokens and path, which the scheduler needs on
-the host anyway (as DFlash); the KV bookkeeping then uses one host-to-device copy of the slot
-order computed from them (no device-side masks or sorts).
+the host anyway (as DFlash); the KV bookkeeping then uses one host-to-device copy, pinned and
+non-blocking (no host wait), of the slot order and positions computed from them (no device-side
+masks or sorts), and the drafter's KV append reads those positions (``draft_ctx``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,18 @@ from sglang.srt.speculative.ddtree_verify import (
     finish_and_pack,
     tree_custom_mask,
 )
+from sglang.srt.speculative.ddtree_staging import committed_positions, to_device
 from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """A verified round's committed tokens as the drafter's KV append needs them (on the device:
+    positions and cache locations, request after request; on the host: the largest position)."""
+
+    positions: torch.Tensor
+    cache_loc: torch.Tensor
+    max_position: int
 
 
 @dataclass
@@ -44,6 +56,8 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     mask_index: Optional[torch.Tensor] = None
     # The walk (``finish_and_pack``), or the worker's graph-replayed version of it.
     finisher: Optional[Callable[[TreeRound, torch.Tensor], Tuple[RoundResult, torch.Tensor]]] = None
+    # Set by ``verify``: what the worker's draft KV append reads instead of device lengths.
+    draft_ctx: Optional[DraftContext] = None
 
     @classmethod
     def from_round(
@@ -163,14 +177,18 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += accepted_cpu[-1]
 
-        # One host-to-device copy: commit lengths, the new verified ids and the block's slot
-        # order (the kept slots in path order, then the freed ones: ``block_order``).
+        # One host-to-device copy, without a host wait (pinned, non-blocking: ddtree_staging):
+        # commit lengths, the new verified ids, the block's slot order (the kept slots in path
+        # order, then the freed ones: ``block_order``) and the committed tokens' positions (for
+        # the drafter's KV: ``draft_ctx``).
         committed = sum(commit_cpu)
         order = block_order([row[steps : 2 * steps] for row in packed], commit_cpu, n)
-        staged = torch.tensor(commit_cpu + verified + order, dtype=torch.int64, device=device)
+        prefix_cpu = [int(x) for x in batch.seq_lens_cpu.tolist()]  # host lengths before
+        positions = committed_positions(prefix_cpu, commit_cpu)
+        staged = to_device(commit_cpu + verified + order + positions, device)
         commit_lens = staged[:bs].to(torch.int32)
         new_verified_id = staged[bs : 2 * bs]
-        slots = staged[2 * bs :]
+        slots = staged[2 * bs : 2 * bs + bs * n]
 
         locs = batch.out_cache_loc.view(bs * n)[slots]
         batch.token_to_kv_pool_allocator.free(locs[committed:])
@@ -198,4 +216,11 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
         next_target_hidden = hidden.view(bs * n, -1)[slots[:committed]]
         logits_output.hidden_states = None
+        # Where the drafter's KV of the committed tokens goes, known without a device read: the
+        # kept slots' cache locations and positions, in the order of ``next_target_hidden``.
+        self.draft_ctx = DraftContext(
+            positions=staged[2 * bs + bs * n :],
+            cache_loc=batch.out_cache_loc,
+            max_position=max(positions, default=0),
+        )
         return new_verified_id, commit_lens, next_target_hidden, accepted_cpu

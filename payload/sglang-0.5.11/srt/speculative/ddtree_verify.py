@@ -231,8 +231,8 @@ def tree_custom_mask(
     ``sum(N * (prefix_len + N))`` (known on the host). ``index`` is :func:`custom_mask_index`
     of the lengths where the caller has it (the round's plan graph computes it on the device);
     without it the row offsets are computed here from ``prefix_lens``, host-side lengths
-    (``seq_lens_cpu``), and go to the device in one copy: fewer kernels than the device index
-    when nothing is replayed from a graph.
+    (``seq_lens_cpu``), and go to the device in one non-blocking copy: fewer kernels than the
+    device index when nothing is replayed from a graph.
     """
     bs, n, _ = mask.shape
     dev = mask.device
@@ -243,7 +243,9 @@ def tree_custom_mask(
             row_len = int(length) + n
             offsets.extend(start + int(length) + i * row_len for i in range(n))
             start += n * row_len
-        rows = torch.tensor(offsets, dtype=torch.long, device=dev).view(bs, n, 1)
+        # pinned and non-blocking: no host wait for the stream (as ddtree_staging.to_device)
+        host = torch.tensor(offsets, dtype=torch.long, pin_memory=dev.type == "cuda")
+        rows = host.to(dev, non_blocking=True).view(bs, n, 1)
         index = (rows + torch.arange(n, device=dev).view(1, 1, n)).reshape(-1)
     flat = torch.ones(total, dtype=torch.bool, device=dev)
     flat.scatter_(0, index, mask.reshape(-1))

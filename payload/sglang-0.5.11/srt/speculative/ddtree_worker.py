@@ -247,6 +247,73 @@ class DDTreeWorker(DFlashWorker):
             else:
                 self._chain_expected.add_(chain)
 
+    # --- the drafter's side of a round, without host reads of device values ------------------
+
+    def ddtree_draft_lens_cpu(self, batch: ScheduleBatch) -> Optional[torch.Tensor]:
+        """The drafter's prefix lengths on the host, for DFlash's draft forward (its patched
+        ``_prepare_for_speculative_decoding`` asks here instead of copying them from the device
+        and summing them there: two host waits a round). Without a draft window they are the
+        committed lengths, which the batch keeps on the host; with one, None (DFlash's way)."""
+        if self.use_compact_draft_cache:
+            return None
+        return batch.seq_lens_cpu
+
+    def _append_target_hidden_to_draft_kv(self, batch: ScheduleBatch, draft_input: Any) -> None:
+        """After a verify: the committed tokens' KV into the drafter's cache from the positions
+        and cache locations the verify staged (``DraftContext``), with no host read. DFlash's
+        own (prefill, a draft window, anything else) gathers them on the device, which costs
+        host waits at batch > 1 (boolean-mask indexing) and in its fused path (``max().item()``).
+        """
+        spec = batch.spec_info
+        ctx = getattr(spec, "draft_ctx", None)
+        hidden = draft_input.target_hidden
+        if ctx is None or self.use_compact_draft_cache or hidden is None \
+                or int(hidden.shape[0]) != int(ctx.cache_loc.shape[0]):
+            return super()._append_target_hidden_to_draft_kv(batch, draft_input)
+        spec.draft_ctx = None
+        with torch.inference_mode():
+            ctx_hidden = self.draft_model.project_target_hidden(hidden)
+            if self._use_fused_kv_materialize and self._fused_kv_helper is not None:
+                try:
+                    self._materialize_fused(ctx_hidden, ctx.positions, ctx.cache_loc,
+                                            ctx.max_position)
+                except Exception as exc:  # as DFlash does: the sequential path from now on
+                    logger.warning("DDTREE fused KV append failed; sequential from now: %s", exc)
+                    self._use_fused_kv_materialize = False
+                    self._fused_kv_helper = None
+                    self._append_target_hidden_sequential(ctx_hidden, ctx.positions,
+                                                          ctx.cache_loc)
+            else:
+                self._append_target_hidden_sequential(ctx_hidden, ctx.positions, ctx.cache_loc)
+        draft_input.draft_seq_lens = batch.seq_lens.to(dtype=torch.int32)
+        draft_input.ctx_lens = torch.zeros_like(draft_input.ctx_lens)
+        draft_input.target_hidden = hidden[:0]
+
+    def _materialize_fused(self, ctx_hidden: torch.Tensor, positions: torch.Tensor,
+                           cache_loc: torch.Tensor, max_position: int) -> None:
+        """DFlash's fused KV materialisation (one batched projection, then RMSNorm + RoPE and the
+        pool's write per layer) with the largest position from the host, not the device."""
+        from sglang.srt.speculative.triton_ops.fused_kv_materialize import _fused_norm_rope
+
+        helper: Any = self._fused_kv_helper
+        ensure = getattr(helper.rotary_emb, "_ensure_cos_sin_cache_length", None)
+        if callable(ensure):
+            ensure(max_position)
+        cos_sin = helper.rotary_emb.cos_sin_cache
+        if max_position >= int(cos_sin.shape[0]):
+            raise RuntimeError(f"RoPE cache too short: position {max_position}, "
+                               f"cache {int(cos_sin.shape[0])}")
+        if cos_sin.device != ctx_hidden.device:
+            cos_sin = cos_sin.to(ctx_hidden.device)
+        kv_all = torch.einsum("th,loh->lto", ctx_hidden, helper.batched_kv_weight)
+        pool = self.draft_model_runner.token_to_kv_pool
+        for layer_id in range(helper.n_layers):
+            k, v = _fused_norm_rope(kv_all[layer_id], helper.k_norm_weights[layer_id], cos_sin,
+                                    positions, helper.num_kv_heads, helper.head_dim,
+                                    helper.rotary_dim, helper.eps_values[layer_id])
+            attn = self.draft_model.layers[layer_id].self_attn.attn
+            pool.set_kv_buffer(attn, cache_loc, k, v, attn.k_scale, attn.v_scale)
+
     def ddtree_stats(self) -> Dict[str, float]:
         """Draft-expected accepted tokens per request-round, tree vs chain (syncs; not hot path).
 
