@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import ddtree_host_ops as ops  # noqa: E402
+import ddtree_host_ops as ops
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 4
 

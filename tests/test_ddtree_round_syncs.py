@@ -22,14 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ddtree_host_ops as ops  # noqa: E402
+import ddtree_round_syncs as syncs  # noqa: E402
 from test_payload_integration import (  # noqa: E402
     patched,  # noqa: F401  (fixture)
     sglang_path,  # noqa: F401  (fixture)
     upstream,  # noqa: F401  (fixture)
 )
-
-import ddtree_host_ops as ops  # noqa: E402
-import ddtree_round_syncs as syncs  # noqa: E402
 
 
 @pytest.fixture()
