@@ -474,6 +474,7 @@ class _Req:
         self.origin_input_ids, self.output_ids = prompt, [root]
         self.grammar, self.spec_verify_ct, self.spec_accepted_drafts = None, 0, 0
         self.kv_committed_len = self.kv_allocated_len = len(prompt)
+        self.require_reasoning = False
 
     def check_finished(self) -> None:
         pass

@@ -58,6 +58,7 @@ class _Req:
         self.grammar, self.spec_verify_ct, self.spec_accepted_drafts = None, 0, 0
         self.kv_committed_len = self.kv_allocated_len = len(prompt)
         self.limit = None if stop_after is None else 1 + stop_after
+        self.require_reasoning = False  # read by the verify since reasoning tokens are counted
 
     def check_finished(self) -> None:
         pass
@@ -245,12 +246,14 @@ def test_the_counter_tells_device_syncs_from_host_reads() -> None:
         int(copy[0])  # a host read: no sync
         host.tolist()  # a host read: no sync
         made = torch.zeros(3, device="cpu")  # a factory given a device: a kernel on the GPU
-        staged = torch.tensor([1, 2], device="cpu")  # one H2D copy
-        (made + staged[:1]).view(3)
+        staged = torch.tensor([1, 2], device="cpu")  # one H2D copy, blocking: a sync
+        quiet = torch.tensor([3]).to("cpu", non_blocking=True)  # one H2D copy, no wait
+        (made + staged[:1] + quiet).view(3)
     c = session.counts.summary()
-    assert session.counts.syncs == {"index (bool mask)": 1, "D2H copy (.cpu())": 1}
-    assert c["h2d"] == 1
-    assert session.counts.kernels["add"] == 2 and session.counts.kernels["zeros"] == 1
+    assert session.counts.syncs == {"index (bool mask)": 1, "D2H copy (.cpu())": 1,
+                                    "H2D blocking (tensor(device=))": 1}
+    assert c["h2d"] == 2
+    assert session.counts.kernels["add"] == 3 and session.counts.kernels["zeros"] == 1
     assert session.counts.views["view"] >= 1 and session.counts.host["_local_scalar_dense"] == 1
     assert session.tracker.has(picked) and not session.tracker.has(copy)
 
