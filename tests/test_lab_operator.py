@@ -1,0 +1,87 @@
+"""The operator's path in the lab (issue 30): what needs real SSH and systemd.
+
+- item 2: `overlay history ct200` over SSH writes nothing in any declared venv (training,
+  scratch, serving: a missing one stays missing);
+- item 5: `plan` over ct200 and an unreachable host shows ct200's plan and exits 3;
+- item 7: against real systemd, `service down` of an unknown unit exits 1 naming it, `service
+  status` with no name says what it found, and `hosts check` shows ct129's dead GPU1 as dead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.config.hosts import Config
+from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.connect import open_transport
+
+pytestmark = pytest.mark.lab
+VENVS = ("/root/venv", "/root/venv_sglang", "/root/venv_sglang211")
+
+
+def cli(hosts: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts),
+                           *args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, "COLUMNS": "250", "NO_COLOR": "1"})
+
+
+def sh(lab: Config, host: str, script: str, *args: str) -> str:
+    with open_transport(lab, host) as t:
+        r = t.run(Command.shell(script, *args), timeout=120)
+    assert r.ok, f"{script}: {r.stderr}"
+    return r.stdout
+
+
+# Every path under each declared venv with its type, size and mtime; "missing" for one that
+# is not there (the listing of a venv is the evidence that a read left it as it was).
+SNAPSHOT = r"""
+for v in "$@"; do
+  if [ -e "$v" ]; then find "$v" -printf '%p %y %s %T@\n' | sort; else echo "missing $v"; fi
+done
+"""
+
+
+def test_overlay_history_writes_nothing_in_declared_venvs(lab: Config) -> None:
+    before = sh(lab, "ct200", SNAPSHOT, *VENVS)
+    r = cli(lab.path, "overlay", "history", "ct200", "--json")
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)) == set(VENVS)
+    assert sh(lab, "ct200", SNAPSHOT, *VENVS) == before
+
+
+def test_plan_shows_the_reachable_host_beside_an_unreachable_one(lab: Config,
+                                                                 tmp_path: Path) -> None:
+    text = lab.path.read_text()
+    head, sep, tail = text.partition("\ndeployments:")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(head.rstrip("\n") + "\n  gone:\n    address: 127.0.0.1\n    port: 1\n"
+                     "    ssh_persist: 0\n    connect_timeout: 5\n" + sep + tail)
+    r = cli(hosts, "plan", "ct200", "gone", "--json", "--refresh")
+    assert r.returncode == 3, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc["errors"]) == {"gone"}
+    assert {s["host"] for s in doc["steps"]} == {"ct200"} and doc["fingerprints"]["ct200"]
+
+
+def test_service_commands_say_what_they_found(lab: Config) -> None:
+    down = cli(lab.path, "service", "down", "ct200", "nosuch-operator-test")
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert "nosuch-operator-test.service: no such ddtree-deploy service on ct200" in down.stderr
+    status = cli(lab.path, "service", "status", "ct200")
+    assert status.returncode in (0, 1), status.stderr
+    assert status.stdout.strip(), "service status printed nothing"
+    listed = cli(lab.path, "service", "list", "ct200", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert all(u["unit"] != "qwen-wrapper.service" for u in json.loads(listed.stdout))
+
+
+def test_hosts_check_shows_the_dead_gpu(lab: Config) -> None:
+    r = cli(lab.path, "hosts", "check", "ct129")
+    assert r.returncode == 0, r.stderr
+    assert "GPU1: DEAD (Unknown Error)" in r.stdout and " GPU0: " in r.stdout, r.stdout
