@@ -200,6 +200,9 @@ def test_server_args_ddtree_refusals(sglang_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(ValueError, match="budget must be between"):
         _run_handle(sglang_path, monkeypatch, speculative_algorithm="DDTREE",
                     speculative_ddtree_budget=0)
+    with pytest.raises(ValueError, match="DDTREE does not support --enable-deterministic-inf"):
+        _run_handle(sglang_path, monkeypatch, speculative_algorithm="DDTREE",
+                    enable_deterministic_inference=True)
 
 
 def test_cli_flags_parse(sglang_path: Path) -> None:
@@ -277,6 +280,9 @@ def _assign(pool_idx: Any, req_to_token: Any, start: Any, end: Any, locs: Any, b
         offset += n
 
 
+_BACKEND = types.SimpleNamespace(sampling_backend="flashinfer")  # what get_global_server_args gives
+
+
 @pytest.fixture()
 def verify_mods(sglang_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     class Capture(IntEnum):
@@ -300,6 +306,7 @@ def verify_mods(sglang_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             "compute_dflash_sampling_accept_len_and_bonus": unused,
             "is_dflash_sampling_verify_available": lambda: False},
         "sglang.srt.speculative.spec_utils": {"assign_req_to_token_pool_func": _assign},
+        "sglang.srt.server_args": {"get_global_server_args": lambda: _BACKEND},
     }
     for name, attrs in stubs.items():
         monkeypatch.setitem(sys.modules, name, _stub(name, **attrs))
@@ -433,3 +440,24 @@ def test_chain_mask_equals_dflash_causal_mask(verify_mods: Any) -> None:
     full = verify.plan_round(top_lp, top_tok, torch.tensor([1, 2]), torch.tensor([3, 5]),
                              budget=6)
     assert full.width == 7 and bool((full.expected_accept >= full.chain_expected_accept).all())
+
+
+@pytest.mark.parametrize(("backend", "kept"), [("flashinfer", {0}), ("pytorch", {0, 1})])
+def test_sampled_rows_follow_the_servers_sampling_backend_when_a_row_has_min_p(
+        verify_mods: Any, monkeypatch: pytest.MonkeyPatch, backend: str, kept: set[int]) -> None:
+    """probs 0.4, 0.3, 0.2, 0.1 with top-k 2, top-p 0.5, min-p 0.01. SGLang's flashinfer path
+    (a batch with min-p: top-k renorm, then top-p renorm, then min-p) keeps 0.4 alone (4/7 of the
+    top-2 mass reaches 0.5); its pytorch path (joint) keeps both (0.4 of the whole <= 0.5)."""
+    info, _ = verify_mods
+    monkeypatch.setattr(_BACKEND, "sampling_backend", backend)
+    n = 600
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).expand(n, 4).contiguous()
+    sampling_info = types.SimpleNamespace(
+        is_all_greedy=False, need_min_p_sampling=True, need_top_p_sampling=True,
+        temperatures=torch.ones(1, 1), top_ks=torch.tensor([2]), top_ps=torch.tensor([0.5]),
+        min_ps=torch.tensor([0.01]))
+    batch = types.SimpleNamespace(sampling_info=sampling_info, reqs=[
+        types.SimpleNamespace(sampling_params=types.SimpleNamespace(top_k=2))])
+    me = types.SimpleNamespace(draft_token_num=n)
+    got = info.DDTreeVerifyInput._target_tokens(me, batch, logits, 1)
+    assert set(got.view(-1).tolist()) == kept

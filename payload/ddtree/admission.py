@@ -130,7 +130,7 @@ SAMPLING_RULES: dict[str, Rule] = {
     "n": _served("each copy is its own request"),
     "sampling_seed": _served(
         "the target's distribution; SGLang reads the seed only with "
-        "--enable-deterministic-inference, which DDTREE refuses at start"),
+        "--enable-deterministic-inference, which DDTREE refuses at start"),  # ddtree_args
     "skip_special_tokens": _served("detokenization only"),
     "spaces_between_special_tokens": _served("detokenization only"),
     "no_stop_trim": _served("detokenization only"),

@@ -53,6 +53,7 @@ def filtered_probs(
     min_ps: Tensor | None = None,
     *,
     max_top_k: int | None = None,
+    top_p_after_top_k: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The filtered target distribution over each row's top-k: ``(probs, token_ids)``.
 
@@ -60,6 +61,11 @@ def filtered_probs(
     Returns ``[R, K]`` float32 probabilities (summing to 1, zeros where filtered out) and the
     ``[R, K]`` int64 vocabulary ids they belong to, with ``K = min(max(top_ks), V)``
     (``max_top_k``, when the caller knows it on the host, saves reading it from the device).
+
+    ``top_p_after_top_k``: SGLang's flashinfer backend when a batch has a min-p row
+    (``sampler.py``: ``top_k_renorm_prob``, then ``top_p_renorm_prob``, then min-p): top-p is
+    measured on the probabilities renormalised over the top-k, and a token is kept while the
+    mass before it is below top-p (flashinfer keeps the smallest set that reaches it).
     """
     rows, vocab = logits.shape
     dev = logits.device
@@ -72,9 +78,15 @@ def filtered_probs(
     top_logits, top_ids = torch.topk(scaled, k, dim=-1, largest=True, sorted=True)
     full = torch.exp(top_logits - total)  # probabilities under the whole vocabulary
     ranks = torch.arange(k, device=dev).view(1, -1)
+    in_k = ranks < ks.view(-1, 1)
     before = torch.cumsum(full, dim=-1) - full  # mass of the better tokens
     ps = top_ps.to(device=dev, dtype=torch.float32).view(-1, 1)
-    keep = (ranks < ks.view(-1, 1)) & ((before <= ps) | (ps >= 1.0) | (ranks == 0))
+    if top_p_after_top_k:
+        topk_mass = torch.where(in_k, full, 0.0).sum(dim=-1, keepdim=True)
+        within = (before / topk_mass) < ps
+    else:
+        within = before <= ps
+    keep = in_k & (within | (ps >= 1.0) | (ranks == 0))
     probs = torch.where(keep, full, 0.0)
     if min_ps is not None:
         floor = probs[:, :1] * min_ps.to(device=dev, dtype=torch.float32).view(-1, 1)
@@ -93,6 +105,7 @@ def sample_tokens(
     max_top_k: int | None = None,
     min_top_k: int | None = None,
     need_top_p: bool = True,
+    top_p_after_top_k: bool = False,
     generator: torch.Generator | None = None,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> Tensor:
@@ -122,6 +135,7 @@ def sample_tokens(
                 logits[lo:hi], temperatures[lo:hi], top_ks[lo:hi], top_ps[lo:hi],
                 None if min_ps is None else min_ps[lo:hi],
                 max_top_k=None if max_top_k is None else max(1, max_top_k),
+                top_p_after_top_k=top_p_after_top_k,
             )  # fmt: skip
             race = torch.empty_like(probs).exponential_(1.0, generator=generator)
             pick = torch.argmax(probs / race, dim=-1, keepdim=True)

@@ -146,6 +146,13 @@ def resolve_ddtree_server_args(args: Any) -> None:
             "sample at each tree node); relaxed thresholds would change the output "
             "distribution: leave --speculative-accept-threshold-single/-acc at 1.0."
         )
+    if getattr(args, "enable_deterministic_inference", False):
+        raise ValueError(
+            "DDTREE does not support --enable-deterministic-inference: there a request's "
+            "sampling_seed picks its tokens, and DDTREE draws each tree node's sample itself, so "
+            "a seeded request would get other tokens than without speculative decoding "
+            "(docs/request-parameters.md). Drop the flag or the speculative algorithm."
+        )
     # DFlash's checks set this; an explicit overlap request cannot be honoured.
     if not args.disable_overlap_schedule:
         raise ValueError("DDTREE does not support overlap scheduling; drop the overlap flags.")

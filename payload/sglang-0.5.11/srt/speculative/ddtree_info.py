@@ -24,6 +24,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.server_args import get_global_server_args
 from sglang.srt.speculative.ddtree_sampling import sample_tokens, top_k_bounds
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.ddtree_verify import (
@@ -123,6 +124,11 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             max_top_k=max_top_k,
             min_top_k=min_top_k,
             need_top_p=bool(info.need_top_p_sampling),
+            # SGLang's flashinfer path filters top-k, then top-p, then min-p in turn when a
+            # batch has a min-p row (sampler.py); its pytorch path, and flashinfer otherwise,
+            # filter jointly. The same rows then get the same law here.
+            top_p_after_top_k=bool(info.need_min_p_sampling)
+            and get_global_server_args().sampling_backend == "flashinfer",
         ).view(bs, n)
 
     def verify(
