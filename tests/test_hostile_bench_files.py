@@ -62,6 +62,11 @@ def _many_workloads(d: dict[str, Any]) -> None:
     d["cells"] += [{**cell, "workload": f"w{i}"} for i in range(300)]
 
 
+def _many_levels(d: dict[str, Any]) -> None:
+    cell = d["cells"][0]
+    d["cells"] += [{**cell, "concurrency": i} for i in range(1, 100)]
+
+
 # (case id, edit of the recorded results, or raw text of the file; fragment of the refusal)
 RESULTS_CASES: list[tuple[str, Callable[[dict[str, Any]], None] | str, str]] = [
     ("tok-s-nan", "NaN", "NaN is not a number"),
@@ -96,7 +101,8 @@ RESULTS_CASES: list[tuple[str, Callable[[dict[str, Any]], None] | str, str]] = [
     ("grid-list", _top("grid", [1]), "grid"),
     ("label-number", _top("label", 5), "label"),
     ("history-not-list", _top("facts_history", 3), "facts_history"),
-    ("too-many-workloads", _many_workloads, "more than a report can lay out"),
+    ("too-many-workloads", _many_workloads, "distinct workload values, more than a report"),
+    ("too-many-levels", _many_levels, "distinct concurrency values, more than a report"),
     ("top-list", "[]", "not a bench results file"),
     ("no-schema", '{"host": "h"}', "schema ddtree-deploy-bench/1 expected"),
     ("empty", "", ":1:1: not a bench results file"),
@@ -215,6 +221,8 @@ GRID_CASES: list[tuple[str, str, str]] = [
     ("concurrency-nested", "configs: [dflash]\nconcurrency: [[1]]\n", "each value must be"),
     ("sampling-nested", "configs: [dflash]\nsampling: [[greedy]]\n", "sampling: expected"),
     ("nul", "configs: [\"dfl\\0ash\"]\n", "NUL"),
+    ("too-many-levels", "configs: [dflash]\nrequests: 100\nconcurrency: [" +
+     ", ".join(str(i) for i in range(1, 40)) + "]\n", "a report lays out at most 16"),
 ]
 
 

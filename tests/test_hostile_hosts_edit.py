@@ -20,7 +20,7 @@ from ddtree_deploy.atomicfile import FileWriteError, Terminated
 from ddtree_deploy.bench import hostsedit
 from ddtree_deploy.bench.recommend import Choice
 from ddtree_deploy.config.hosts import load_config
-from ddtree_deploy.errors import ConfigError, ExitCode
+from ddtree_deploy.errors import ConfigError, ExitCode, UsageError
 
 
 def _choice(algorithm: str, budget: int | None = None, topk: int | None = None) -> Choice:
@@ -135,6 +135,16 @@ CASES: list[tuple[str, str, Choice, list[str], list[str]]] = [
      ["    algorithm: ddtree   # chosen by bench", "    ddtree:", "      budget: 15",
       "      topk: 8"],
      ["    algorithm: dflash   # chosen by bench"]),
+    ("explicit-start-and-directive", "# site\n%YAML 1.2\n---\n" + TWO_SPACES, TREE,
+     ["      budget: 15"], ["      budget: 31", "      shadow_linear: false"]),
+    ("document-end-marker", TWO_SPACES + "...\n", FLASH,
+     ["    algorithm: ddtree   # chosen by bench", "    ddtree:", "      budget: 15",
+      "      topk: 8"],
+     ["    algorithm: dflash   # chosen by bench"]),
+    ("no-final-newline", TWO_SPACES.rstrip("\n"), TREE, ["      budget: 15"],
+     ["      budget: 31", "      shadow_linear: false"]),
+    ("trailing-blank-lines-and-comment", TWO_SPACES + "# end\n\n\n", TREE, ["      budget: 15"],
+     ["      budget: 31", "      shadow_linear: false"]),
     ("comment-after-last-removed-block", LAST_BLOCK, FLASH,
      ["    algorithm: ddtree", "    ddtree:", "      budget: 15", "      topk: 8"],
      ["    algorithm: dflash"]),
@@ -163,6 +173,8 @@ def test_the_edit_changes_only_the_chosen_lines(tmp_path: Path, case: str, text:
     if "\r\n" in text:
         assert written.count("\n") == written.count("\r\n")
     assert written.startswith("\ufeff") == text.startswith("\ufeff")
+    assert len(after) - len(before) == len(added) - len(removed)  # no line lost or doubled
+    assert written.endswith("\n") == text.endswith("\n")
     dep = load_config(path).deployment("svc")
     assert dep.algorithm == choice.algorithm
     assert [p.name for p in tmp_path.iterdir()] == ["hosts.yaml"]
@@ -178,6 +190,18 @@ def test_a_linked_hosts_file_is_written_through_its_link(tmp_path: Path) -> None
     hostsedit.write(link, new)
     assert link.is_symlink() and link.resolve() == shared.resolve()
     assert shared.read_text() == new
+
+
+def test_a_hard_linked_hosts_file_is_refused_not_split(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(TWO_SPACES)
+    os.link(path, tmp_path / "other-name.yaml")
+    _, new = hostsedit.new_text(path, "svc", FLASH)
+    with pytest.raises(UsageError) as info:
+        hostsedit.write(path, new)
+    assert getattr(info.value, "exit_code", None) == ExitCode.USAGE
+    assert "2 hard links" in str(info.value) and str(path) in str(info.value)
+    assert path.read_text() == TWO_SPACES
 
 
 def test_owner_and_mode_are_kept(tmp_path: Path) -> None:

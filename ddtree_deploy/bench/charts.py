@@ -113,7 +113,9 @@ def dflash_vs_ddtree(rows: list[Row], sampling: str) -> tuple[Any, list[dict[str
     plt = _pyplot()
     workloads, concs, _ = axes(rows)
     groups = [(w, c) for w in workloads for c in concs]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(groups) + 2), 4.6))
+    # wide enough to read a normal grid; bounded, so a file with thousands of cells cannot ask
+    # for an image past matplotlib's limits (or the memory)
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 1.3 * len(groups) + 2), 250.0), 4.6))
     chart = f"dflash_vs_ddtree_{sampling}"
     plotted: list[dict[str, Any]] = []
     pick: list[tuple[str, Callable[[str, int], Row | None]]] = [
@@ -152,7 +154,7 @@ def dflash_vs_ddtree(rows: list[Row], sampling: str) -> tuple[Any, list[dict[str
     ax.set_ylabel("output tokens/s (all requests)")
     ax.set_title(mpl(f"{rival} against {tree} budget/top-k per workload ({sampling})"))
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")  # "best" is slow on many bars
     fig.tight_layout()
     return fig, plotted
 

@@ -155,6 +155,12 @@ def build(configs: list[BenchConfig], *, workloads: tuple[str, ...], **values: A
     if twice:
         raise UsageError(f"configurations listed twice: {', '.join(twice)}")
     grid = Grid(configs=tuple(configs), workloads=workloads, **values)
+    from ddtree_deploy.bench.results import MAX_LEVELS, MAX_NAMES
+
+    if len(grid.concurrency) > MAX_LEVELS or len(grid.configs) > MAX_NAMES:
+        raise UsageError(f"the grid has {len(grid.concurrency)} concurrency levels and "
+                         f"{len(grid.configs)} configurations; a report lays out at most "
+                         f"{MAX_LEVELS} and {MAX_NAMES}")
     if grid.requests < max(grid.concurrency):
         raise UsageError(f"requests: {grid.requests} per cell cannot reach concurrency "
                          f"{max(grid.concurrency)}", hint="give at least as many requests as the "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -52,6 +53,31 @@ def _indentation(text: str) -> tuple[int, int, int]:
     mapping = maps.most_common(1)[0][0] if maps else 2
     offset = seqs.most_common(1)[0][0] if seqs else 0
     return mapping, max(offset + 2, mapping if offset else 2), offset
+
+
+_HEAD = re.compile(r"(?:[ \t]*(?:#.*)?\n|%.*\n)*---[ \t]*(?:#.*)?\n")
+
+
+def _reframed(old: str, new: str) -> str:
+    """`new` (ruamel's dump) in the frame of `old`: its directives and `---` above the
+    document, and what follows the last line of content (`...`, blank lines, no final
+    newline), which ruamel does not keep."""
+    head = _HEAD.match(old)
+    lines = new.split("\n")
+    if head:
+        above = head.group(0).split("\n")
+        while lines and (lines[0].startswith(("%", "---")) or lines[0] in above):
+            lines.pop(0)  # directives, `---` and the comments above it: in the head already
+
+    def content_end(items: list[str]) -> int:
+        end = len(items)
+        while end and (not items[end - 1].strip() or items[end - 1].startswith("...")):
+            end -= 1
+        return end
+
+    old_lines = old.split("\n")
+    body = lines[:content_end(lines)]
+    return (head.group(0) if head else "") + "\n".join(body + old_lines[content_end(old_lines):])
 
 
 def _yaml(text: str = "") -> Any:
@@ -193,7 +219,7 @@ def new_text(path: Path, deployment: str, choice: Choice) -> tuple[str, str]:
     _keep_anchors(doc)
     buf = io.StringIO()
     _yaml(plain).dump(doc, buf)
-    new = buf.getvalue()
+    new = _reframed(plain, buf.getvalue())
     if crlf:
         new = new.replace("\r\n", "\n").replace("\n", "\r\n")
     return bom + old, bom + new
@@ -212,4 +238,12 @@ def write(path: Path, new: str) -> None:
     from ddtree_deploy.config.hosts import load_config
 
     load_config(path, text=new.removeprefix("\ufeff"))  # ConfigError if the edit broke it
+    try:
+        links = os.stat(path).st_nlink
+    except OSError:
+        links = 1
+    if links > 1:
+        raise UsageError(f"{path} has {links} hard links: replacing it would leave the other "
+                         "names with the old text", hint="edit it by hand, or make it a "
+                         "symlink (written through)")
     replace_file(path, new.encode("utf-8"), keep=True, through_link=True)

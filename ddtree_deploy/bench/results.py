@@ -42,7 +42,9 @@ STACK_KEYS = ("hostname", "gpus", "driver_version", "cuda_version", "python", "t
 
 
 MAX_RESULTS_BYTES = 64 << 20  # ~100,000 cells; a results file is written by bench itself
-MAX_NAMES = 256  # distinct configurations or workloads a report can lay out
+MAX_NAMES = 256  # configurations a report can lay out
+MAX_WORKLOADS = 32  # a chart panel each (a real grid has 5)
+MAX_LEVELS = 16  # concurrency levels (a bar group each per workload; a real grid has 3-4)
 
 
 class _Checked(BaseModel):
@@ -177,10 +179,11 @@ def parse(raw: bytes, path: Path) -> dict[str, Any]:
         if cell["config"] not in data["configs"]:
             raise ConfigError(f"{path}: cells[{i}].config: {cell['config']!r} is not one of "
                               "the file's configs")
-    workloads = {c["workload"] for c in data["cells"]}
-    if len(workloads) > MAX_NAMES:
-        raise ConfigError(f"{path}: cells: {len(workloads)} workloads, more than a report can "
-                          f"lay out ({MAX_NAMES})")
+    for what, limit in (("workload", MAX_WORKLOADS), ("concurrency", MAX_LEVELS)):
+        seen = {c[what] for c in data["cells"]}
+        if len(seen) > limit:
+            raise ConfigError(f"{path}: cells: {len(seen)} distinct {what} values, more than a "
+                              f"report can lay out ({limit})")
     return data
 
 
