@@ -170,7 +170,13 @@ def _greedy_jobs(design: Any, seed: int) -> list[dict[str, Any]]:
 
 def _outputs(port: int, jobs: list[dict[str, Any]]) -> list[Any]:
     def one(job: dict[str, Any]) -> Any:
-        status, text = post(port, "/generate", {**job, "stream": False}, timeout=120)
+        if job.get("stream"):  # the last event's output_ids (client.generate reads the stream)
+            from rehearsal import client
+
+            ans = client.generate(port, job["input_ids"], job["sampling_params"]["max_new_tokens"],
+                                  sampling=job["sampling_params"], stream=True, timeout=120)
+            return ({"status": -1, "text": ans.error[:200]} if ans.error else ans.output_ids)
+        status, text = post(port, "/generate", job, timeout=120)
         if status != 200:
             return {"status": status, "text": text[:200]}
         return json.loads(text).get("output_ids")
@@ -352,10 +358,10 @@ def run_phase(r: Any, mine: list[Any], work: Path) -> None:
     logits = ck.transition_logits(work / "models" / "ladder" / "target")
     jobs = _greedy_jobs(lad, seed=5)
     reference = _outputs(port[REFERENCE], jobs)
-    pen_jobs = [{**j, "sampling_params": {**j["sampling_params"], "frequency_penalty": 1.5,
-                                          "max_new_tokens": 40}} for j in jobs[:16]]
-    plain = [{**j, "sampling_params": {**j["sampling_params"], "max_new_tokens": 40}}
-             for j in jobs[:16]]
+    pen_jobs = [{**j, "stream": False, "sampling_params": {
+        **j["sampling_params"], "frequency_penalty": 1.5, "max_new_tokens": 40}} for j in jobs[:16]]
+    plain = [{**j, "stream": False, "sampling_params": {**j["sampling_params"],
+                                                        "max_new_tokens": 40}} for j in jobs[:16]]
     pen_ref, pen_plain = _outputs(port[REFERENCE], pen_jobs), _outputs(port[REFERENCE], plain)
     turns_ref = multiturn(port[REFERENCE], lad)["turns"]
 

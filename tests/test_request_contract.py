@@ -10,10 +10,13 @@ must have a row in the contract naming that release, and a rule in the shared ad
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import sys
+import types
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,3 +101,59 @@ def test_a_field_without_a_row_fails_the_check(monkeypatch: pytest.MonkeyPatch,
 
 def test_the_readme_links_the_contract() -> None:
     assert "(docs/request-parameters.md)" in (ROOT / "README.md").read_text()
+
+
+def _real_request_class(release: str) -> type:
+    """The release's own ``GenerateReqInput`` (with ``BaseReq``), compiled from the wheel's
+    source alone: its fields and defaults as the HTTP handlers build it."""
+    _, request_file = RELEASES[release]
+    with zipfile.ZipFile(wheel("sglang", release)) as zf:
+        tree = ast.parse(zf.read(request_file).decode())
+    body = [_class(tree, "BaseReq"), _class(tree, "GenerateReqInput")]
+    import uuid
+    from abc import ABC
+    from collections import Counter
+    from dataclasses import dataclass, field
+
+    scope: dict[str, Any] = {"dataclass": dataclass, "field": field, "ABC": ABC, "uuid": uuid,
+                             "Counter": Counter, "__name__": __name__}  # a module in sys.modules
+    source = ast.Module(body=[ast.ImportFrom(module="__future__", names=[
+        ast.alias(name="annotations")], level=0), *body], type_ignores=[])
+    exec(compile(ast.fix_missing_locations(source), request_file, "exec"), scope)
+    return scope["GenerateReqInput"]
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_the_payloads_admission_serves_plain_requests_of_the_real_class(release: str) -> None:
+    """ddtree_request.admit (the 0.5.11 glue) on the release's real dataclass: a request as
+    /generate builds it, and as the OpenAI routes fill it, passes; a penalty or an unknown
+    field's non-default value is refused; another algorithm's server is not checked."""
+    glue = _glue()
+    cls = _real_request_class(release)
+    ddtree = types.SimpleNamespace(speculative_algorithm="DDTREE")
+    glue.admit(ddtree, cls(input_ids=[1, 2, 3], sampling_params={"temperature": 0.7, "top_k": 2}))
+    glue.admit(ddtree, cls(text="hi", stream=True, return_logprob=False, top_logprobs_num=0,
+                           logprob_start_len=-1, modalities=[], image_data=None, rid="r1",
+                           sampling_params={"max_new_tokens": 4, "frequency_penalty": 0.0,
+                                            "presence_penalty": 0.0, "min_new_tokens": 0,
+                                            "repetition_penalty": 1.0, "logit_bias": None,
+                                            "custom_params": None, "json_schema": None}))
+    with pytest.raises(ValueError, match="DDTREE speculative decoding refuses frequency_pen"):
+        glue.admit(ddtree, cls(input_ids=[1], sampling_params={"frequency_penalty": 1.5}))
+    glue.admit(types.SimpleNamespace(speculative_algorithm="DFLASH"),
+               cls(input_ids=[1], sampling_params={"frequency_penalty": 1.5}))
+    later = dataclasses.make_dataclass("GenerateReqInput", [("new_knob", int, 0)], bases=(cls,))
+    glue.admit(ddtree, later(input_ids=[1]))
+    with pytest.raises(ValueError, match="refuses new_knob=3: a field DDTREE does not know"):
+        glue.admit(ddtree, later(input_ids=[1], new_knob=3))
+
+
+def _glue() -> Any:
+    """payload/sglang-0.5.11/srt/speculative/ddtree_request.py with its one sglang import
+    (the shared rules) resolved to payload/ddtree/admission.py."""
+    path = ROOT / "payload" / "sglang-0.5.11" / "srt" / "speculative" / "ddtree_request.py"
+    text = path.read_text().replace("from sglang.srt.speculative.ddtree_admission import",
+                                    "from ddtree.admission import")
+    module = types.ModuleType("ddtree_request")
+    exec(compile(text, str(path), "exec"), module.__dict__)
+    return module
