@@ -110,11 +110,10 @@ class Bundle:
 def _keep(path: Path, source: str, pattern: str) -> None:
     """Write the bundle whole (a temporary name, then renamed); a cache that cannot be written
     only means it is built again next time. Older bundles are removed."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(source, encoding="utf-8")
-        tmp.replace(path)
+    from ddtree_deploy.atomicfile import FileWriteError, replace_file
+
+    with contextlib.suppress(OSError, FileWriteError):
+        replace_file(path, source.encode("utf-8"))  # no temporary left on a full disk
         for old in path.parent.glob(pattern):
             if old != path:
                 old.unlink(missing_ok=True)

@@ -133,9 +133,9 @@ def _manifest(folder: Path) -> dict[str, list[str]]:
 
 
 def _save_manifest(folder: Path, data: dict[str, list[str]]) -> None:
-    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+    from ddtree_deploy.atomicfile import replace_file
+
+    replace_file(folder / MANIFEST, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
 def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str]) -> list[str]:

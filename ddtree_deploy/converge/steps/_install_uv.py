@@ -8,7 +8,6 @@ still names the pinned version.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -80,11 +79,9 @@ def _extract(wheel: Path, binary: Path) -> None:
             data = zf.read(member)
     except (OSError, zipfile.BadZipFile) as exc:
         raise DeployError(f"cannot read the uv wheel {wheel}: {exc}") from None
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_name(f".uv.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(0o755)
-    os.replace(tmp, binary)
+    from ddtree_deploy.atomicfile import replace_file
+
+    replace_file(binary, data, mode=0o755)  # a full disk: the path named, no temporary left
 
 
 def ensure_uv(
