@@ -14,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench_specs import base_spec, specs_for
+
 from ddtree_deploy.bench import grid as gridmod
 from ddtree_deploy.bench import workloads
 from ddtree_deploy.bench.results import Results
 from ddtree_deploy.bench.server import PlainControl
-from ddtree_deploy.bench.sweep import Hooks, make_plan, run_sweep, spec_for
-from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.bench.sweep import Hooks, make_plan, run_sweep
 from ddtree_deploy.transport.local import LocalTransport
 
 
@@ -27,10 +28,10 @@ def main(root: Path, port: int, configs: str) -> int:
     grid = gridmod.from_flags(configs, "1,2", "greedy,sampled", "code,agentic",
                               workloads.names(), requests=2, max_new_tokens=12,
                               warmup_requests=1, prompts="ids")
-    base = ServiceSpec(name="sglang-bench", host="localhost", venv=str(root / "venv"), gpus=(0,),
-                       port=port, model_path=str(root / "target"),
-                       extra_args=("--skip-tokenizer-init",))
-    specs = {c.key: spec_for(base, c, str(root / "draft"), 16) for c in grid.configs}
+    base = base_spec(name="sglang-bench", host="localhost", venv=str(root / "venv"), gpus=(0,),
+                     port=port, model_path=str(root / "target"),
+                     extra_args=("--skip-tokenizer-init",))
+    specs = specs_for(base, grid, str(root / "draft"))
     results = Results.open(root / "res" / "results.json", host="localhost",
                            service="sglang-bench")
     plan = make_plan(grid, specs, results, ids=True, vocab=1024)

@@ -147,18 +147,27 @@ def generic_facts(host: str, venvs: list[str], gpus: int = 8) -> dict[str, Any]:
 def render(hosts_file: Path, host: str, facts: dict[str, Any], deployment: str | None,
            flags: dict[str, Any] | None = None, *, force: bool = False) -> str:
     """The unit `service up HOST [DEPLOYMENT] --FLAG...` would install (flags by their
-    `service up` names, dashes as underscores)."""
+    `service up` names, dashes as underscores); a refusal as its exit code and message."""
     from ddtree_deploy.config.hosts import load_config
+    from ddtree_deploy.errors import DeployError
     from ddtree_deploy.facts.model import Facts
     from ddtree_deploy.service.render import render_unit
-    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.resolve import build_spec, settings_for
+    from ddtree_deploy.settings.layers import flag_layer
 
     config = load_config(hosts_file)
-    renames = {"budget": "ddtree_budget", "topk": "ddtree_topk", "service_name": "name"}
-    overrides = Overrides(**{renames.get(k, k): v for k, v in (flags or {}).items()})
-    spec = build_spec(config.host(host), Facts.model_validate(facts),
-                      config.deployment(deployment) if deployment else None, overrides,
-                      force=force)
+    given = dict(flags or {})
+    name, venv = given.pop("service_name", None), given.pop("venv", None)
+    paths = {"budget": ("ddtree", "budget"), "topk": ("ddtree", "topk")}
+    layer = flag_layer({paths.get(k, (k,)): v for k, v in given.items()})
+    spec_host = config.host(host)
+    dep = config.deployment(deployment) if deployment else None
+    try:
+        settings = settings_for(config, spec_host, dep, layer)
+        spec = build_spec(config, spec_host, Facts.model_validate(facts), dep, settings,
+                          name=name, venv=venv, force=force)
+    except DeployError as exc:
+        return f"refused: exit {int(exc.exit_code)}\n{exc}\n"
     return render_unit(spec, tool_version=VERSION)
 
 
@@ -166,22 +175,21 @@ def bench_flags(configs: str) -> dict[str, list[str]]:
     """The server flags of each bench configuration on the story's deployment (layout facts)."""
     from ddtree_deploy.bench import grid as bench_grid
     from ddtree_deploy.bench.prepare import block_size
-    from ddtree_deploy.bench.sweep import spec_for
     from ddtree_deploy.config.hosts import load_config
     from ddtree_deploy.facts.model import Facts
-    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.resolve import build_spec, settings_for
 
     config = load_config(HOSTS_FILES["embedded"])
     facts = Facts.model_validate(layout_facts())
     dep = config.deployment("sglang-ddtree")
     host = config.host("ct200")
     g = bench_grid.from_flags(configs, "1", "greedy", "code", ("code",), requests=1)
-    base = build_spec(host, facts, dep, Overrides())
+    base = build_spec(config, host, facts, dep)
     draft = base.draft_model_path
     entry = facts.model(draft) if draft else None
     block = block_size(entry.config if entry else None)
-    g.check_block(block, f"{draft}/config.json")
-    return {c.key: spec_for(base, c, draft, block).server_args() for c in g.configs}
+    return {c.key: build_spec(config, host, facts, dep, settings_for(config, host, dep, c.layer),
+                              block=block).server_args() for c in g.configs}
 
 
 # ---- the cases ------------------------------------------------------------------------------
@@ -195,6 +203,14 @@ FLAG_CASES: dict[str, tuple[str | None, dict[str, Any]]] = {
                                          "grammar_backend": "xgrammar",
                                          "sampling_backend": "pytorch",
                                          "mem_fraction_static": 0.8}),
+    "story-dflash-backends": ("sglang-ddtree", {"algorithm": "dflash",
+                                                "attention_backend": "fa3",
+                                                "sampling_backend": "pytorch"}),
+    # refused since issue 26 (each rendered a unit SGLang or the payload would refuse)
+    "refused-budget-2000": ("sglang-ddtree", {"budget": 2000}),
+    "refused-attention-nonsense": ("sglang-ddtree", {"attention_backend": "nonsense"}),
+    "refused-mem-fraction-0": ("sglang-ddtree", {"mem_fraction_static": 0.0}),
+    "refused-budget-with-dflash": ("sglang-ddtree", {"algorithm": "dflash", "budget": 31}),
     "story-gpu-port-name": ("sglang-ddtree", {"gpu": 3, "port": 30007,
                                               "service_name": "sglang-other"}),
     "story-paths": ("sglang-ddtree", {"model_path": "/dev/shm/other",
@@ -242,7 +258,7 @@ def plan_outputs() -> Iterator[tuple[str, str]]:
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.facts.model import SCHEMA_VERSION, Facts
     from ddtree_deploy.service.render import render_unit
-    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.resolve import build_spec
 
     hosts_file = HOSTS_FILES["embedded"]
     config = load_config(hosts_file)
@@ -251,8 +267,8 @@ def plan_outputs() -> Iterator[tuple[str, str]]:
         data = copy.deepcopy(facts)
         tool: dict[str, Any] = {"managed_units": dict(others), "pending_restarts": pending}
         if installed:
-            spec = build_spec(host, Facts.model_validate(data),
-                              config.deployment("sglang-ddtree"), Overrides())
+            spec = build_spec(config, host, Facts.model_validate(data),
+                              config.deployment("sglang-ddtree"))
             tool["managed_units"]["sglang-ddtree.service"] = render_unit(
                 spec, tool_version=__version__)
         data["tool"] = tool

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.bench import grid, workloads
-from ddtree_deploy.errors import ExitCode
+from ddtree_deploy.errors import ExitCode, RefusedError
+from ddtree_deploy.settings.layers import merge
+from ddtree_deploy.settings.model import HostFit
 
 REPO = Path(__file__).resolve().parents[1]
 KNOWN = workloads.names()
@@ -18,11 +20,20 @@ def test_committed_h200_grid_is_the_lead_s_small_grid() -> None:
     assert [c.key for c in g.configs] == ["nospec", "dflash", "ddtree-15-8", "ddtree-31-8"]
     assert g.concurrency == (1, 8) and g.sampling == ("greedy", "sampled")
     assert g.prompts == "ids"
-    g.check_block(16, "draft/config.json")  # 15 + 1 = 16: allowed
-    with pytest.raises(Exception) as info:
-        g.check_block(32, "draft/config.json")
+    on_host(g, 16)  # 15 + 1 = 16: allowed
+    with pytest.raises(RefusedError) as info:
+        on_host(g, 32)
     assert "h200-small.yaml:" in str(info.value)
-    assert "configs[2].budget: 15 + 1 < block size 32" in str(info.value)
+    assert "configs[2].budget: DDTREE budget 15 gives a verify width of 16 tokens" \
+        in str(info.value)
+    assert "below the drafter's block size 32" in str(info.value)
+
+
+def on_host(g: grid.Grid, block: int) -> None:
+    """Each configuration checked against a drafter of `block` tokens (what bench's prepare
+    does over the deployment's settings, with the drafter's config.json)."""
+    for c in g.configs:
+        merge(c.layer, partial=True).on_host(HostFit(host="h", draft_block=block))
 
 
 def _load(tmp_path: Path, text: str) -> grid.Grid:
@@ -35,25 +46,27 @@ def test_budget_below_the_block_is_refused_with_its_line(tmp_path: Path) -> None
     g = _load(tmp_path, "configs:\n  - algorithm: dflash\n  - algorithm: ddtree\n"
                         "    topk: 8\n    budget: 7\n  - ddtree:31/8\n"
                         "concurrency: [1]\nrequests: 2\n")
-    with pytest.raises(Exception) as info:
-        g.check_block(16, "/m/draft/config.json")
+    with pytest.raises(RefusedError) as info:
+        on_host(g, 16)
     err = info.value
-    assert getattr(err, "exit_code", None) == ExitCode.USAGE
-    assert str(err).startswith(f"{tmp_path / 'g.yaml'}:5: configs[1].budget: 7 + 1 < block "
-                               "size 16 of the drafter (/m/draft/config.json)")
+    assert str(err).startswith(f"{tmp_path / 'g.yaml'}:5: configs[1].budget: DDTREE budget 7 "
+                               "gives a verify width of 8 tokens")
     assert "configs[2]" not in str(err)
-    g.check_block(8, "x")  # 7 + 1 = 8: fine
+    on_host(g, 8)  # 7 + 1 = 8: fine
     # shadow-linear verifies the chain only: its budget is not a verify width
-    _load(tmp_path, "configs: [shadow:3/2]\nconcurrency: [1]\nrequests: 1\n").check_block(16, "x")
+    on_host(_load(tmp_path, "configs: [shadow:3/2]\nconcurrency: [1]\nrequests: 1\n"), 16)
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("configs: []\n", "g.yaml:1: configs: a non-empty list"),
     ("configs: [dflash]\nbogus: 1\n", "g.yaml:2: bogus: unknown key"),
     ("configs:\n  - algorithm: eagle\n", "g.yaml:2: configs[0].algorithm: expected none, dflash"),
-    ("configs:\n  - algorithm: dflash\n    budget: 3\n", "budget, topk and shadow_linear are for"),
-    ("configs:\n  - algorithm: ddtree\n    budget: 15\n", "topk must be an integer 1-1024, got"),
-    ("configs:\n  - algorithm: ddtree\n    budget: 0\n    topk: 8\n", "budget must be an integer"),
+    ("configs:\n  - algorithm: dflash\n    budget: 3\n",
+     "g.yaml:3: configs[0].budget: only allowed with algorithm: ddtree"),
+    ("configs:\n  - algorithm: ddtree\n    budget: 15\n",
+     "g.yaml:2: configs[0].topk: required with algorithm ddtree"),
+    ("configs:\n  - algorithm: ddtree\n    budget: 0\n    topk: 8\n",
+     "g.yaml:3: configs[0].budget: must be 1-1024, got 0"),
     ("configs:\n  - {algorithm: ddtree, budget: 15, topk: 8, colour: red}\n",
      "g.yaml:2: configs[0].colour: unknown key"),
     ("configs: [dflash]\nconcurrency: [1, 1]\n", "g.yaml:2: concurrency: give distinct"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_specs import base_spec, specs_for
 
 from ddtree_deploy.bench import grid as gridmod
 from ddtree_deploy.bench import sweep as sweepmod
@@ -115,9 +116,9 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeHost:
 def _plan(tmp_path: Path) -> tuple[sweepmod.Plan, Results]:
     grid = gridmod.from_flags("dflash,ddtree:15/8", "1", "greedy", "code", workloads.names(),
                               requests=1, warmup_requests=0)
-    base = ServiceSpec(name="sglang-ddtree", host="ct200", venv="/opt/v", gpus=(1,), port=30001,
-                       model_path="/m/t", deployment="sglang-ddtree")
-    specs = {c.key: sweepmod.spec_for(base, c, "/m/d", 16) for c in grid.configs}
+    base = base_spec(name="sglang-ddtree", host="ct200", venv="/opt/v", gpus=(1,), port=30001,
+                     model_path="/m/t", deployment="sglang-ddtree")
+    specs = specs_for(base, grid, "/m/d")
     results = Results.open(tmp_path / "r.json", host="ct200", service="sglang-ddtree")
     return sweepmod.make_plan(grid, specs, results, ids=False, vocab=1000), results
 

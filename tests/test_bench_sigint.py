@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_specs import base_spec, specs_for
 from foreground import sigint_default
 
 from ddtree_deploy.bench import grid as gridmod
@@ -62,10 +63,9 @@ class HeldControl:
 def _plan(tmp_path: Path, configs: str) -> tuple[sweepmod.Plan, Results]:
     grid = gridmod.from_flags(configs, "1", "greedy", "code", workloads.names(), requests=1,
                               max_new_tokens=4, warmup_requests=0, prompts="ids")
-    base = ServiceSpec(name="sglang-bench", host="localhost", venv=str(tmp_path / "venv"),
-                       gpus=(0,), port=30999, model_path=str(tmp_path / "target"))
-    specs = {c.key: sweepmod.spec_for(base, c, str(tmp_path / "draft"), 16)
-             for c in grid.configs}
+    base = base_spec(name="sglang-bench", host="localhost", venv=str(tmp_path / "venv"),
+                     gpus=(0,), port=30999, model_path=str(tmp_path / "target"))
+    specs = specs_for(base, grid, str(tmp_path / "draft"))
     results = Results.open(tmp_path / "results.json", host="localhost", service="sglang-bench")
     return sweepmod.make_plan(grid, specs, results, ids=True, vocab=1024), results
 

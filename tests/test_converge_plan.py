@@ -13,7 +13,7 @@ from ddtree_deploy.converge.steps.venv_create import VenvCreate
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.service.render import render_unit
-from ddtree_deploy.service.resolve import Overrides, build_spec
+from ddtree_deploy.service.resolve import build_spec
 
 V = "/root/venv_sglang211"
 SP = f"{V}/lib/python3.11/site-packages"
@@ -42,7 +42,7 @@ def facts(venv_exists: bool, dists: dict[str, str] | None = None, ddtree: bool =
 
 def installed_unit(f: Facts) -> str:
     config = load_config(embedded_hosts_file())
-    spec = build_spec(config.host("ct200"), f, config.deployment("sglang-ddtree"), Overrides())
+    spec = build_spec(config, config.host("ct200"), f, config.deployment("sglang-ddtree"))
     return render_unit(spec, tool_version=__version__)
 
 

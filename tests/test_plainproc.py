@@ -15,13 +15,16 @@ from ddtree_deploy.localproc import pid_alive
 from ddtree_deploy.service.plainproc import PlainProcError, group_alive, start, stop
 from ddtree_deploy.service.render import WrapperSpec, unit_command, wrapper_command
 from ddtree_deploy.service.spec import ServiceSpec, UnitCommand
+from ddtree_deploy.settings.model import ServerSettings
 
 
 def test_plain_mode_runs_the_model_the_unit_is_written_from() -> None:
     """The same object both ways: no text is parsed back (tests/test_hostile_units.py holds
     the unit's reading by systemd's rules to it)."""
+    settings = ServerSettings.model_validate({"model_path": "/models/Qwen 3 $8B",
+                                              "extra_args": ["--skip-tokenizer-init"]})
     spec = ServiceSpec(name="s", host="localhost", venv="/opt/my venv%1", gpus=(1,), port=1,
-                       model_path="/models/Qwen 3 $8B", extra_args=("--skip-tokenizer-init",))
+                       settings=settings)
     cmd = unit_command(spec)
     assert cmd.argv == (spec.python, "-m", "sglang.launch_server", *spec.server_args())
     assert cmd.cwd == "/opt/my venv%1"

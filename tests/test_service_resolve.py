@@ -8,7 +8,8 @@ from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.errors import RefusedError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file
-from ddtree_deploy.service.resolve import Overrides, build_spec, choose_gpu, choose_port
+from ddtree_deploy.service.resolve import build_spec, choose_gpu, choose_port, settings_for
+from ddtree_deploy.settings.layers import flag_layer
 
 VENV = "/root/venv_sglang211"
 SP = f"{VENV}/lib/python3.11/site-packages"
@@ -78,7 +79,7 @@ def test_ports() -> None:
 def test_the_story_deployment_resolves_to_its_spec() -> None:
     config = load_config(embedded_hosts_file())
     host, dep = config.host("ct200"), config.deployment("sglang-ddtree")
-    spec = build_spec(host, ct200_facts(), dep, Overrides())
+    spec = build_spec(config, host, ct200_facts(), dep)
     assert (spec.gpus, spec.port, spec.venv) == ((1,), 30001, VENV)
     assert spec.ld_library_path[0].endswith("nvidia/cu13/lib")
     args = spec.server_args()
@@ -87,14 +88,15 @@ def test_the_story_deployment_resolves_to_its_spec() -> None:
                         ("--attention-backend", "triton"), ("--grammar-backend", "none"),
                         ("--model-path", "/dev/shm/Qwen3.6-27B")):
         assert args[args.index(flag) + 1] == value
-    flagged = build_spec(host, ct200_facts(), dep, Overrides(gpu=2, port=30005,
-                                                              attention_backend="flashinfer"))
+    flags = flag_layer({("gpu",): 2, ("port",): 30005, ("algorithm",): "dflash",
+                        ("attention_backend",): "flashinfer"})
+    flagged = build_spec(config, host, ct200_facts(), dep, settings_for(config, host, dep, flags))
     assert flagged.gpus == (2,) and flagged.port == 30005
-    assert flagged.attention_backend == "flashinfer"
+    assert flagged.settings.attention_backend == "flashinfer"
 
 
 def test_a_venv_missing_on_the_host_is_refused() -> None:
     config = load_config(embedded_hosts_file())
     with pytest.raises(RefusedError, match="does not exist"):
-        build_spec(config.host("ct200"), ct200_facts(), config.deployment("sglang-ddtree"),
-                   Overrides(venv="/root/nowhere"))
+        build_spec(config, config.host("ct200"), ct200_facts(),
+                   config.deployment("sglang-ddtree"), venv="/root/nowhere")

@@ -22,8 +22,9 @@ from ddtree_deploy.errors import RefusedError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.service.render import UnitRenderError, render_unit
-from ddtree_deploy.service.resolve import Overrides, build_spec, choose_gpus
+from ddtree_deploy.service.resolve import build_spec, choose_gpus, settings_for
 from ddtree_deploy.service.verify import verify_unit
+from ddtree_deploy.settings.layers import flag_layer
 from ddtree_deploy.transport.local import LocalTransport
 
 LAYOUT = Path(__file__).parent / "facts" / "layouts" / "ct200.json"
@@ -104,7 +105,7 @@ def test_unit_and_plan_of_a_tp_deployment(tp: int, gpus: str) -> None:
     config, dep = story()
     host = config.host("ct200")
     tp_dep = dep.model_copy(update={"tp_size": tp, "gpu": None})
-    spec = build_spec(host, ct200(), tp_dep, Overrides())
+    spec = build_spec(config, host, ct200(), tp_dep)
     unit = render_unit(spec, tool_version="0.1.0")
     assert f"Environment=CUDA_VISIBLE_DEVICES={gpus}" in unit.splitlines()
     assert f"    --tp-size {tp} \\" in unit.splitlines()
@@ -126,8 +127,8 @@ ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SOCKET_IFNAME": "^lo docker0", "NCCL_DEBUG
 
 def test_environment_and_sampling_backend_in_the_unit() -> None:
     config, _ = story()
-    spec = build_spec(config.host("ct200"), ct200(),
-                      deployment(environment=ENV, sampling_backend="pytorch"), Overrides())
+    spec = build_spec(config, config.host("ct200"), ct200(),
+                      deployment(environment=ENV, sampling_backend="pytorch"))
     lines = render_unit(spec, tool_version="0.1.0").splitlines()
     env = [ln for ln in lines if ln.startswith("Environment=")]
     assert env == [
@@ -147,13 +148,13 @@ def test_environment_and_sampling_backend_in_the_unit() -> None:
 
 def test_the_tool_own_variables_are_refused_at_render_too() -> None:
     config, _ = story()
-    spec = build_spec(config.host("ct200"), ct200(), deployment(), Overrides())
+    spec = build_spec(config, config.host("ct200"), ct200(), deployment())
     from dataclasses import replace
 
+    smuggled = spec.settings.model_copy(update={"environment": {"CUDA_VISIBLE_DEVICES": "0"}})
     with pytest.raises(UnitRenderError, match=r"CUDA_VISIBLE_DEVICES is set by the tool itself "
                        r"\(from the deployment's gpu and tp_size\)"):
-        render_unit(replace(spec, environment=(("CUDA_VISIBLE_DEVICES", "0"),)),
-                    tool_version="0.1.0")
+        render_unit(replace(spec, settings=smuggled), tool_version="0.1.0")
 
 
 HOSTS_TAIL = """
@@ -211,9 +212,9 @@ def test_systemd_accepts_a_tp4_unit_with_environment(tmp_path: Path,
     os.symlink("/usr/bin/python3", venv / "bin" / "python")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     config, _ = story()
-    spec = build_spec(config.host("ct200"), ct200(),
+    spec = build_spec(config, config.host("ct200"), ct200(),
                       deployment(tp_size=4, gpu=None, environment=ENV, sampling_backend="pytorch"),
-                      Overrides(venv=str(venv)), require_venv=False)
+                      venv=str(venv), require_venv=False)
     assert spec.gpus == (4, 5, 6, 7)
     verify_unit(LocalTransport(), render_unit(spec, tool_version="0.1.0"), spec.unit_name)
 
@@ -232,10 +233,10 @@ def b8_drafter(facts: Facts, block: dict[str, Any]) -> Facts:
 def test_block_size_from_the_drafter_config_is_rendered() -> None:
     config, _ = story()
     host = config.host("ct200")
-    spec = build_spec(host, ct200(), deployment(), Overrides())
+    spec = build_spec(config, host, ct200(), deployment())
     assert spec.num_draft_tokens == 16
     facts = b8_drafter(ct200(), {"dflash_config": {"block_size": 8, "mask_token_id": 1000}})
-    spec = build_spec(host, facts, deployment(), Overrides())
+    spec = build_spec(config, host, facts, deployment())
     assert spec.num_draft_tokens == 8  # budget 15 + 1 >= 8: fine
 
 
@@ -245,10 +246,13 @@ def test_a_budget_below_the_block_is_refused_by_plan_and_service(block: dict[str
     host = config.host("ct200")
     facts = b8_drafter(ct200(), block)
     with pytest.raises(RefusedError) as err:
-        build_spec(host, facts, dep, Overrides())
-    assert err.value.message.startswith("DDTREE budget 15 gives a verify width of 16 tokens per "
-                                     "request per round (root + budget nodes), below the "
-                                     "drafter's block size 32")
+        build_spec(config, host, facts, dep)
+    # said at the line of hosts.yaml that set the budget
+    line = config.line_of(("deployments", "sglang-ddtree", "ddtree", "budget"))
+    assert err.value.message.startswith(
+        f"{config.path}:{line}: deployments.sglang-ddtree.ddtree.budget: DDTREE budget 15 gives "
+        "a verify width of 16 tokens per request per round (root + budget nodes), below the "
+        "drafter's block size 32")
     assert "DFLASH draft OOM" in str(err.value)
     assert err.value.hint is not None
     assert "deployments.sglang-ddtree.ddtree.budget in hosts.yaml to at least 31" in err.value.hint
@@ -258,8 +262,14 @@ def test_a_budget_below_the_block_is_refused_by_plan_and_service(block: dict[str
     assert dep.ddtree is not None
     shadow = dep.model_copy(update={"ddtree": dep.ddtree.model_copy(
         update={"shadow_linear": True})})
-    assert build_spec(host, facts, shadow, Overrides()).num_draft_tokens == 32
-    assert build_spec(host, facts, dep, Overrides(ddtree_budget=31)).ddtree_budget == 31
+    assert build_spec(config, host, facts, shadow).num_draft_tokens == 32
+    wider = settings_for(config, host, dep, flag_layer({("ddtree", "budget"): 31}))
+    tree = build_spec(config, host, facts, dep, wider).settings.ddtree
+    assert tree is not None and tree.budget == 31
+    with pytest.raises(RefusedError) as err:  # a flag's budget: said at the flag
+        build_spec(config, host, facts, dep,
+                   settings_for(config, host, dep, flag_layer({("ddtree", "budget"): 30})))
+    assert err.value.message.startswith("--ddtree-budget: DDTREE budget 30 gives")
 
 
 def test_doctor_flags_the_verify_width_with_its_memory_effect() -> None:

@@ -21,7 +21,7 @@ from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.payload.manifest import shipped_identity
 from ddtree_deploy.resources import embedded_hosts_file
-from ddtree_deploy.service.resolve import Overrides, build_spec
+from ddtree_deploy.service.resolve import build_spec
 
 DATA = Path(__file__).parent / "data" / "steps"
 STEPS_PACKAGE = Path(__file__).parent.parent / "ddtree_deploy" / "converge" / "steps"
@@ -61,7 +61,7 @@ def _state(case: dict[str, Any], config: Config, host: str, facts: Facts) -> Hos
     for unit, text in raw.get("units", {}).items():
         if text == "@rendered":
             dep = next(d for d in config.deployments_on(config.host(host)) if d.unit_name == unit)
-            text = unit_text(build_spec(config.host(host), facts, dep, Overrides()))
+            text = unit_text(build_spec(config, config.host(host), facts, dep))
         units[unit] = text
     return HostState(units=units, managed=dict(raw.get("managed", {})),
                      pending=set(raw.get("pending", [])))

@@ -29,6 +29,7 @@ from ddtree_deploy.service.render import (
 )
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.service.verify import UnitVerifyError, verify_unit
+from ddtree_deploy.settings.model import DdtreeSettings, ServerSettings
 from ddtree_deploy.transport.local import LocalTransport
 
 H200 = Path(__file__).parent / "facts" / "inventory" / "h200-cu130.json"
@@ -57,26 +58,41 @@ def story_lib_dirs() -> tuple[str, ...]:
     return ld_library_path(real.model_copy(update={"path": STORY_VENV, "nvidia": layout}))
 
 
+_SETTINGS = {"model_path", "draft_model_path", "algorithm", "attention_backend",
+             "grammar_backend", "sampling_backend", "mem_fraction_static", "context_length",
+             "tp_size", "cuda_graph", "extra_args", "environment"}
+_TREE = {"ddtree_budget": "budget", "ddtree_topk": "topk", "ddtree_shadow_linear": "shadow_linear"}
+
+
 def story_spec(**changes: object) -> ServiceSpec:
+    """The story's service; `changes` to it or to its settings (not validated: render's own
+    refusals are under test here, the settings' are in test_settings.py)."""
+    settings: dict[str, object] = {
+        "model_path": "/models/Qwen3-8B", "draft_model_path": "/models/Qwen3-8B-DFlash-b16",
+        "algorithm": "ddtree", "attention_backend": "triton", "grammar_backend": "none",
+        "mem_fraction_static": 0.8}
+    tree: dict[str, object] = {"budget": 15, "topk": 8}
+    rest: dict[str, object] = {}
+    for key, value in changes.items():
+        if key in _TREE:
+            tree[_TREE[key]] = value
+        elif key in _SETTINGS:
+            settings[key] = list(value) if key == "extra_args" else value  # type: ignore[call-overload]
+        else:
+            rest[key] = value
+    ddtree = DdtreeSettings.model_construct(**tree) if settings["algorithm"] == "ddtree" else None
     spec = ServiceSpec(
         name="sglang-ddtree",
         host="ct200",
         venv=STORY_VENV,
         gpus=(1,),
         port=30001,
-        model_path="/models/Qwen3-8B",
         deployment="ct200-ddtree",
-        draft_model_path="/models/Qwen3-8B-DFlash-b16",
-        algorithm="ddtree",
-        ddtree_budget=15,
-        ddtree_topk=8,
+        settings=ServerSettings.model_construct(ddtree=ddtree, **settings),  # type: ignore[arg-type]
         num_draft_tokens=16,
-        attention_backend="triton",
-        grammar_backend="none",
-        mem_fraction_static=0.8,
         ld_library_path=story_lib_dirs(),
     )
-    return replace(spec, **changes)  # type: ignore[arg-type]
+    return replace(spec, **rest)  # type: ignore[arg-type]
 
 
 def lines(text: str) -> list[str]:

@@ -1,10 +1,10 @@
 """A bench sweep's grid: the configurations, concurrency levels, sampling modes and workloads.
 
 Given as a small YAML file (`--grid FILE`) or as flags (`--configs none,dflash,ddtree:15/8`),
-validated in full before anything runs: each problem names the file, line and field, and the
-command exits 2. A DDTree configuration whose verify block is smaller than the drafter's block
-(`budget + 1 < block_size`, block size from the drafter's config.json) is refused: SGLang
-0.5.11 accepts it but reserves too few KV slots for what the drafter writes.
+validated in full before anything runs: each problem names the file, line and field (or the
+flag), and the command exits 2. Each configuration is a layer of the server's settings
+(settings.layers) put over the deployment's: its algorithm and DDTree values are checked by
+ServerSettings itself, the verify width against the drafter's block when the host is known.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ddtree_deploy.errors import ConfigError, UsageError
+from ddtree_deploy.errors import ConfigError, DeployError, UsageError
+from ddtree_deploy.settings.layers import Layer, Loc, merge
 
 Algorithm = Literal["none", "dflash", "ddtree"]
 Sampling = Literal["greedy", "sampled"]
@@ -38,6 +39,21 @@ class BenchConfig:
     topk: int | None = None
     shadow_linear: bool = False
     name: str = ""
+    # where each value was written (the grid file's lines, or --configs)
+    locate: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def layer(self) -> Layer:
+        """This configuration as a layer of the server's settings (over the deployment's)."""
+        values: dict[tuple[str, ...], Any] = {("algorithm",): self.algorithm}
+        for key, value in (("budget", self.budget), ("topk", self.topk)):
+            if value is not None:
+                values[("ddtree", key)] = value
+        if self.algorithm == "ddtree" or self.shadow_linear:  # never the deployment's mode
+            values[("ddtree", "shadow_linear")] = self.shadow_linear
+        locate = self.locate or (lambda loc: f"configuration {self.label}")
+        return Layer(values, locate, from_flags=self.locate is None or
+                     getattr(self.locate, "from_flags", False))
 
     @property
     def key(self) -> str:
@@ -71,27 +87,41 @@ class Grid:
     source: str = "flags"
     lines: dict[str, int] = field(default_factory=dict, compare=False)
 
-    def check_block(self, block: int | None, where: str) -> None:
-        """Refuse DDTree configurations whose verify block is smaller than the drafter's."""
-        problems = []
-        for i, c in enumerate(self.configs):
-            if c.algorithm != "ddtree" or c.shadow_linear or block is None:
-                continue
-            assert c.budget is not None
-            if c.budget + 1 < block:
-                at = self.lines.get(f"configs[{i}].budget")
-                loc = f"{self.source}:{at}: " if at else f"{self.source}: "
-                problems.append(
-                    f"{loc}configs[{i}].budget: {c.budget} + 1 < block size {block} of the "
-                    f"drafter ({where}); use a budget of at least {block - 1}")
-        if problems:
-            raise ConfigError("\n".join(problems), hint="SGLang 0.5.11 accepts such a budget but "
-                              "reserves (budget+1) KV slots per request while the drafter writes "
-                              "block_size entries")
-
     @property
     def cells_per_config(self) -> int:
         return len(self.workloads) * len(self.concurrency) * len(self.sampling) * self.repeats
+
+
+class _FlagPlace:
+    """Where a configuration of --configs was written: the flag and the item."""
+
+    from_flags = True
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __call__(self, loc: Loc) -> str:
+        field_ = str(loc[-1]) if loc else ""
+        return f"{self.where}: {field_}" if field_ else self.where
+
+
+class _FilePlace:
+    """Where a configuration of a grid file was written: file:line: configs[i].key."""
+
+    from_flags = False
+
+    def __init__(self, source: str, index: int, lines: dict[str, int], line: int | None) -> None:
+        self.source, self.index, self.lines, self.line = source, index, lines, line
+
+    def __call__(self, loc: Loc) -> str:
+        key = str(loc[-1]) if loc else ""
+        if key == "ddtree":  # the grid writes DDTree's values flat: the first one given
+            key = next((k for k in ("budget", "topk", "shadow_linear")
+                        if f"configs[{self.index}].{k}" in self.lines), "")
+        key = {"draft_model_path": "", "model_path": ""}.get(key, key)
+        label = f"configs[{self.index}]" + (f".{key}" if key else "")
+        at = self.lines.get(label) or self.line
+        return f"{self.source}:{at}: {label}" if at else f"{self.source}: {label}"
 
 
 def _config(raw: Any, where: str) -> BenchConfig:
@@ -104,19 +134,17 @@ def _config(raw: Any, where: str) -> BenchConfig:
     if kind in ("ddtree", "shadow"):
         if budget is None:
             raise UsageError(f"{where}: {raw!r} needs BUDGET/TOPK, e.g. ddtree:15/8")
-        return _checked(BenchConfig("ddtree", int(budget), int(topk), kind == "shadow"), where)
+        return _checked(BenchConfig("ddtree", int(budget), int(topk), kind == "shadow",
+                                    locate=_FlagPlace(f"{where} {raw}")), where)
     if budget is not None:
         raise UsageError(f"{where}: {kind} takes no budget")
     return BenchConfig("none" if kind in ("none", "nospec") else "dflash")
 
 
 def _checked(c: BenchConfig, where: str) -> BenchConfig:
-    if c.algorithm == "ddtree":
-        for what, value in (("budget", c.budget), ("topk", c.topk)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1024:
-                raise UsageError(f"{where}: {what} must be an integer 1-1024, got {value!r}")
-    elif c.budget is not None or c.topk is not None or c.shadow_linear:
-        raise UsageError(f"{where}: budget, topk and shadow_linear are for algorithm ddtree")
+    """The configuration's server settings validated by ServerSettings (no model needed yet:
+    the deployment's come under it when the sweep is prepared); its name checked here."""
+    merge(c.layer, partial=True)
     if c.name and not _NAME.match(c.name):
         raise UsageError(f"{where}: name {c.name!r} must be letters, digits, _ . + -")
     return c
@@ -247,14 +275,15 @@ def _from_doc(doc: Any, source: str, known: tuple[str, ...],
             if not isinstance(shadow, bool):
                 raise UsageError(f"{where(f'{label}.shadow_linear', _key_line(i, 'shadow_linear'))}"
                                  f": expected true or false, got {shadow!r}")
-            for key in ("budget", "topk"):
+            for key in ("budget", "topk", "shadow_linear", "algorithm"):
                 if key in item:
                     lines[f"{label}.{key}"] = _key_line(i, key) or at or 0
             configs.append(_checked(
                 BenchConfig(algo, item.get("budget"), item.get("topk"), shadow,
-                            str(item.get("name") or "")),
+                            str(item.get("name") or ""),
+                            locate=_FilePlace(source, i, lines, at)),
                 where(label, lines.get(f"{label}.budget") or at)))
-        except UsageError as exc:
+        except DeployError as exc:
             raise ConfigError(exc.message, hint=exc.hint) from None
     values: dict[str, Any] = {}
     try:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddtree_deploy.bench.grid import Grid
-from ddtree_deploy.bench.sweep import spec_for
 from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.facts.model import Facts
@@ -86,27 +85,28 @@ def vocab_size(conf: dict[str, Any] | None) -> int | None:
     return None
 
 
-def prepare(t: ExecTransport, host: HostSpec, facts: Facts, dep: Deployment | None,
-            grid: Grid, *, force: bool = False) -> Prepared:
+def prepare(t: ExecTransport, config: Config, host: HostSpec, facts: Facts,
+            dep: Deployment | None, grid: Grid, *, force: bool = False) -> Prepared:
     """`force`: share a GPU other processes hold (several small servers on one GPU)."""
-    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.resolve import build_spec, settings_for
 
-    base = build_spec(host, facts, dep, Overrides(), force=force)
-    draft = base.draft_model_path or (str(dep.draft_model_path) if dep and dep.draft_model_path
-                                      else None) or (str(host.models["draft"])
-                                                     if "draft" in host.models else None)
+    base = build_spec(config, host, facts, dep, force=force)
+    path = base.settings.draft_model_path  # the deployment's, else the host's 'draft' model
+    draft = str(path) if path is not None else None
     block = block_size(model_config(t, facts, draft))
     if any(c.algorithm != "none" for c in grid.configs) and draft is None:
         raise UsageError(f"the grid has speculative configurations but {base.name} has no draft "
                          "model (the deployment's draft_model_path or the host's 'draft' model)")
-    grid.check_block(block, f"{draft}/config.json")
     vocab = vocab_size(model_config(t, facts, base.model_path)) or 32000
     skip = SKIP_TOKENIZER in base.server_args()
     ids = {"ids": True, "text": False, "auto": skip}[grid.prompts]
     if skip and not ids:
         raise UsageError(f"{base.name} runs with {SKIP_TOKENIZER}: it takes token ids only",
                          hint="set prompts: ids (or auto) in the grid")
-    specs = {c.key: spec_for(base, c, draft, block) for c in grid.configs}
+    # each configuration: a layer over the deployment's settings, checked against the
+    # drafter's block (the verify width) as any deployment is
+    specs = {c.key: build_spec(config, host, facts, dep, settings_for(config, host, dep, c.layer),
+                               force=force, block=block) for c in grid.configs}
     return Prepared(dep, base, specs, draft, block, vocab, ids)
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_deploy.bench import workloads
@@ -245,21 +245,3 @@ def _warm_up(t: ExecTransport, spec: ServiceSpec, plan: Plan) -> dict[str, Any]:
         out[sampling] = {"requests": m["requests"], "failed": m["failed"],
                          "wall_s": m["wall_s"]}
     return out
-
-
-def spec_for(base: ServiceSpec, config: BenchConfig, draft: str | None,
-             block: int | None) -> ServiceSpec:
-    """The deployment's service with one configuration's speculative settings."""
-    if config.algorithm == "none":
-        return replace(base, algorithm="none", draft_model_path=None, num_draft_tokens=None,
-                       ddtree_budget=None, ddtree_topk=None, ddtree_shadow_linear=False)
-    if draft is None:
-        raise DeployError(f"configuration {config.label} needs a draft model: the deployment "
-                          "names none (draft_model_path) and the host has no 'draft' model")
-    tokens = base.num_draft_tokens or block or 16
-    if config.algorithm == "dflash":
-        return replace(base, algorithm="dflash", draft_model_path=draft, num_draft_tokens=tokens,
-                       ddtree_budget=None, ddtree_topk=None, ddtree_shadow_linear=False)
-    return replace(base, algorithm="ddtree", draft_model_path=draft, num_draft_tokens=tokens,
-                   ddtree_budget=config.budget, ddtree_topk=config.topk,
-                   ddtree_shadow_linear=config.shadow_linear)

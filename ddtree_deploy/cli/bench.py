@@ -120,7 +120,7 @@ def run(
     venvs = [str(spec_host.venvs[dep.venv].path)] if dep else []
     with open_transport(config, spec_host) as t:
         facts = _facts(config, spec_host, venvs)
-        prepared = prepare(t, spec_host, facts, dep, grid, force=force)
+        prepared = prepare(t, config, spec_host, facts, dep, grid, force=force)
         base = prepared.base
         if mode == "auto":
             has_systemd = t.run(Command.of("test", "-d", "/run/systemd/system"), timeout=30).ok

@@ -48,7 +48,7 @@ def render(
 ) -> None:
     """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST)."""
     from ddtree_deploy.service.render import render_unit, unit_command
-    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.resolve import build_spec
     from ddtree_deploy.service.verify import verify_unit
     from ddtree_deploy.transport.connect import open_transport
 
@@ -59,7 +59,7 @@ def render(
         raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
     venv = str(spec_host.venvs[dep.venv].path)
     facts = _facts(config, spec_host, [venv], refresh=True)
-    spec = build_spec(spec_host, facts, dep, Overrides(), force=True, require_venv=False)
+    spec = build_spec(config, spec_host, facts, dep, force=True, require_venv=False)
     found = facts.venv(venv)
     if found is None or not found.exists:
         err.print(plain(f"warning: {venv} does not exist on {spec_host.name} yet: "
@@ -106,32 +106,27 @@ def up(
     from ddtree_deploy.converge.steps.service_probe import target_of
     from ddtree_deploy.converge.steps.unit_install import install_unit
     from ddtree_deploy.service import install
-    from ddtree_deploy.service.resolve import Overrides, build_spec
+    from ddtree_deploy.service.resolve import build_spec, settings_for
+    from ddtree_deploy.settings.layers import flag_layer
     from ddtree_deploy.transport.connect import open_transport
 
-    if algorithm is not None and algorithm not in ("none", "dflash", "ddtree"):
-        raise UsageError(f"--algorithm must be none, dflash or ddtree, got {algorithm!r}")
-    from typing import get_args
-
-    from ddtree_deploy.config.schema import SamplingBackend
-
-    if sampling_backend is not None and sampling_backend not in get_args(SamplingBackend):
-        raise UsageError(f"--sampling-backend must be {', '.join(get_args(SamplingBackend))} "
-                         f"(sglang 0.5.11's choices), got {sampling_backend!r}")
     config = config_of(ctx)
     spec_host = config.host(host)
     dep = config.deployment(name) if name else None
     if dep is not None and dep.host != spec_host.name:
         raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
-    flags = Overrides(gpu=gpu, port=port, venv=venv, algorithm=algorithm,  # type: ignore[arg-type]
-                      model_path=model_path, draft_model_path=draft_model_path,
-                      ddtree_budget=budget, ddtree_topk=topk,
-                      attention_backend=attention_backend, grammar_backend=grammar_backend,
-                      sampling_backend=sampling_backend,
-                      mem_fraction_static=mem_fraction_static, name=service_name)
+    # the deployment, then the flags: merged and validated before any host is contacted
+    settings = settings_for(config, spec_host, dep, flag_layer({
+        ("gpu",): gpu, ("port",): port, ("algorithm",): algorithm,
+        ("model_path",): model_path, ("draft_model_path",): draft_model_path,
+        ("ddtree", "budget"): budget, ("ddtree", "topk"): topk,
+        ("attention_backend",): attention_backend, ("grammar_backend",): grammar_backend,
+        ("sampling_backend",): sampling_backend, ("mem_fraction_static",): mem_fraction_static,
+    }))
     venvs = [venv] if venv else ([str(spec_host.venvs[dep.venv].path)] if dep else [])
     facts = _facts(config, spec_host, venvs, refresh=True)
-    spec = build_spec(spec_host, facts, dep, flags, force=force)
+    spec = build_spec(config, spec_host, facts, dep, settings, name=service_name, venv=venv,
+                      force=force)
     with open_transport(config, spec_host) as t:  # the unit as apply's unit.install puts it
         text, changed = install_unit(t, spec)
         _drop_facts(spec_host)

@@ -21,7 +21,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ddtree_deploy.config.messages import describe, english
 from ddtree_deploy.config.schema import (
     HOST_NAME_RE,
     DdtreeSpec,
@@ -44,6 +43,8 @@ from ddtree_deploy.config.yamlload import (
 )
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.resources import embedded_hosts_file
+from ddtree_deploy.settings.layers import Layer, file_layer
+from ddtree_deploy.settings.messages import describe, english
 from ddtree_deploy.xdg import config_dir
 
 __all__ = [
@@ -60,12 +61,38 @@ class Config:
     """A validated hosts file: hosts and deployments by name."""
 
     def __init__(
-        self, path: Path, hosts: dict[str, HostSpec], deployments: dict[str, Deployment]
+        self, path: Path, hosts: dict[str, HostSpec], deployments: dict[str, Deployment],
+        line_of: Callable[[PathKey], int] | None = None,
     ) -> None:
         self.path = path
         self.hosts = hosts
         self.deployments = deployments
         self.source = FROM_FLAG  # where the file came from (locate_hosts_file); set by the CLI
+        self._line_of = line_of
+
+    def line_of(self, path: PathKey) -> int:
+        """The line of a field of the file (1 when not known)."""
+        return self._line_of(path) if self._line_of is not None else 1
+
+    def settings_layers(self, host: HostSpec, deployment: Deployment | None) -> list[Layer]:
+        """The layers of a server's settings this file gives: the host's default models, then
+        the deployment's fields (flags go on top: settings.layers.merge)."""
+        defaults: dict[tuple[str, ...], Any] = {}
+        if host.default_model is not None:
+            defaults[("model_path",)] = host.default_model
+        if "draft" in host.models:
+            defaults[("draft_model_path",)] = host.models["draft"]
+        where: PathKey = ("hosts", host.name, "models")
+
+        def locate(loc: tuple[Any, ...]) -> str:
+            at = _model_key(where, loc)
+            return f"{self.path}:{self.line_of(at)}: {'.'.join(map(str, at))}"
+
+        layers = [Layer(defaults, locate)]
+        if deployment is not None:
+            layers.append(file_layer(deployment.server_fields(), str(self.path),
+                                     ("deployments", deployment.name), self.line_of))
+        return layers
 
     def host(self, name: str) -> HostSpec:
         """The host called ``name``; ``localhost`` is always there (the workstation itself)."""
@@ -139,6 +166,12 @@ def load_config(path: Path | str, *, text: str | None = None) -> Config:
     With `text`, that text is validated as the file at `path` would be (relative paths
     from its folder, problems naming it): an edit checked before anything is written."""
     return _Loader(Path(path), text).run()
+
+
+def _model_key(where: PathKey, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """hosts.NAME.models.default for a host's default target, .draft for its drafter."""
+    key = {"model_path": "default", "draft_model_path": "draft"}.get(str(loc[0]) if loc else "")
+    return (*where, key) if key else where
 
 
 def _clone_path(host: str, venv: str) -> PathKey:
@@ -230,7 +263,7 @@ class _Loader:
         if self.problems:
             unique = sorted(set(self.problems), key=lambda p: (p.line, str(p.path), p.message))
             raise ConfigError("\n".join(p.render(self.file) for p in unique))
-        return Config(self.path, hosts, resolved)
+        return Config(self.path, hosts, resolved, self.doc.line_of)
 
     def _top(self, data: dict[Any, Any]) -> None:
         for key in data:
@@ -275,7 +308,7 @@ class _Loader:
     def _validate(self, model: type[Any], entry: dict[Any, Any], where: PathKey) -> Any:
         """Validate one entry; on errors report them, drop the bad values and try once more,
         so that the rest of the entry can still be cross-checked (None if that fails too)."""
-        context = {"base_dir": self.path.parent}
+        context = {"base_dir": self.path.parent, "defer": True}  # rules: _check_deployment
         try:
             return model.model_validate(entry, context=context)
         except ValidationError as exc:
@@ -364,18 +397,9 @@ class _Loader:
 
     def _check_deployment(self, dep: Deployment, hosts: dict[str, HostSpec]) -> Deployment:
         where: PathKey = ("deployments", dep.name)
-        if dep.ddtree is not None and dep.algorithm != "ddtree":
-            self.add(
-                (*where, "ddtree"),
-                f"only allowed with algorithm: ddtree, got algorithm: {dep.algorithm}",
-            )
-        if dep.algorithm == "ddtree" and dep.ddtree is None:
-            self.add((*where, "algorithm"), "ddtree needs a ddtree: block with budget and topk")
-        if dep.algorithm != "none" and dep.draft_model_path is None:
-            self.add(
-                (*where, "draft_model_path"),
-                f"required with algorithm {dep.algorithm} (the draft model)",
-            )
+        for loc, message in dep.rule_problems():  # ServerSettings' rules between fields
+            self.add((*where, *(path_part(p) if isinstance(p, str) else p for p in loc)),
+                     message)
         if dep.host not in self.declared["hosts"] and dep.host != LOCALHOST:
             self.add(
                 (*where, "host"),

@@ -15,9 +15,8 @@ must be absolute, and ``~`` is not expanded for them.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -25,9 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainValidator,
     PrivateAttr,
@@ -35,66 +32,28 @@ from pydantic import (
     model_validator,
 )
 
-from ddtree_deploy.service.spec import TOOL_ENVIRONMENT, secret_flag, unit_char_problem
+from ddtree_deploy.settings.model import DdtreeSettings, ServerSettings
+from ddtree_deploy.settings.values import (
+    NonNegInt,
+    Port,
+    RemotePath,
+    StrictModel,
+    expand_vars,
+    quoted_text,
+)
 
 HOST_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 ITEM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 UNIT_STEM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.\\-]*\Z")
 _HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
-_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{[^}]*\}?")
 
 CudaLane = Literal["cu128", "cu130"]
 VenvRole = Literal["source", "training", "serving", "scratch"]
 PROTECTED_ROLES = ("source", "training")  # never written into without venvs.NAME.allow_writes
-Algorithm = Literal["none", "dflash", "ddtree"]
-# sglang 0.5.11 ATTENTION_BACKEND_CHOICES (sglang/srt/server_args.py).
-AttentionBackend = Literal[
-    "triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4",
-    "flashinfer", "flashmla", "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn",
-    "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
-]  # fmt: skip
-GrammarBackend = Literal["xgrammar", "outlines", "llguidance", "none"]
-# sglang 0.5.11 SAMPLING_BACKEND_CHOICES (sglang/srt/server_args.py); unset: flashinfer when
-# it imports, else pytorch.
-SamplingBackend = Literal["flashinfer", "pytorch", "ascend"]
 SudoMode = Literal["auto"] | bool
 
 
 # ---- value checks (each raises ValueError with the expectation; the loader adds "got ...")
-
-
-def expand_vars(raw: str, env: Mapping[str, str] | None = None) -> str:
-    """Replace ``${VAR}`` and ``${VAR:-default}`` (default when VAR is unset or empty)."""
-    environ = os.environ if env is None else env
-
-    def one(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if name is None:
-            raise ValueError(
-                f"bad variable reference {match.group(0)!r}: use ${{NAME}} or ${{NAME:-default}}"
-            )
-        value = environ.get(name)
-        if default is not None:
-            return value if value else default
-        if value is None:
-            raise ValueError(
-                f"environment variable {name} is not set (write ${{{name}:-default}} "
-                "to give a default)"
-            )
-        return value
-
-    return _VAR_RE.sub(one, raw)
-
-
-def _ranged(low: int, high: int | None = None) -> Callable[[int], int]:
-    def check(value: int) -> int:
-        if high is None and value < low:
-            raise ValueError(f"must be {low} or more")
-        if high is not None and not low <= value <= high:
-            raise ValueError(f"must be {low}-{high}")
-        return value
-
-    return check
 
 
 def _positive(value: float) -> float:
@@ -107,25 +66,6 @@ def _non_negative(value: float) -> float:
     if value < 0:
         raise ValueError("must be a number of seconds, 0 or more")
     return value
-
-
-def _fraction(value: float) -> float:
-    if not 0 < value < 1:
-        raise ValueError("must be between 0 and 1 (exclusive)")
-    return value
-
-
-def quoted_text(what: str) -> Callable[[Any], Any]:
-    """Before-check of a string field: a clear message when YAML typed it as something else."""
-
-    def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, str):
-            if isinstance(value, int | float):
-                raise ValueError(f"expected {what} in quotes (YAML reads this as a number)")
-            raise ValueError(f"expected {what} (a string)")
-        return value
-
-    return check
 
 
 def _matches(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
@@ -179,61 +119,6 @@ def _unit_stem(value: str) -> str:
     return value
 
 
-ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
-# Names that say "this is a secret": units are world-readable (render.py refuses them too).
-_SECRET_ENV_RE = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE")
-
-
-def _env_name(value: str) -> str:
-    if not ENV_NAME_RE.match(value):
-        raise ValueError("expected a variable name of capitals, digits and '_' (not starting "
-                         "with a digit), such as NCCL_P2P_DISABLE")
-    if value in TOOL_ENVIRONMENT:
-        raise ValueError(f"{value} is set by ddtree-deploy itself from "
-                         f"{TOOL_ENVIRONMENT[value]}; it cannot be overridden here")
-    if _SECRET_ENV_RE.search(value):
-        raise ValueError(f"{value} looks like a secret, and a unit file is world-readable: "
-                         "use an EnvironmentFile= with mode 0600 instead")
-    return value
-
-
-def _env_value(value: str) -> str:
-    problem = unit_char_problem(value)
-    if problem:
-        raise ValueError(f"expected a value without control characters or line separators: "
-                         f"it {problem}")
-    return value
-
-
-def _unit_text(value: str) -> str:
-    """A value that ends up in a systemd unit (paths, extra arguments): read alike by systemd
-    and by a plain process, so no control character or line separator."""
-    problem = unit_char_problem(value)
-    if problem:
-        raise ValueError(f"expected text without control characters or line separators: "
-                         f"it {problem}")
-    return value
-
-
-class SecretValueError(ValueError):
-    """A refusal whose value is a secret: the message never repeats it."""
-
-    hide_value = True
-
-
-def _server_arg(value: str) -> str:
-    _unit_text(value)
-    if not value:
-        raise ValueError("expected a non-empty argument")
-    flag = secret_flag(value)
-    if flag is not None:
-        option = value.split("=", 1)[0]
-        named = flag if option == flag else f"{option} (SGLang's argparse reads it as {flag})"
-        raise SecretValueError(f"{named} would put a secret into the world-readable unit; pass "
-                         "keys through an EnvironmentFile= with mode 0600 instead")
-    return value
-
-
 def _python(value: str) -> str:
     if not re.match(r"3\.\d{1,2}\Z", value):
         raise ValueError('expected a Python version such as "3.11"')
@@ -255,30 +140,14 @@ def _local_path(value: Any, info: ValidationInfo) -> Path:
     return expanded
 
 
-def _remote_path(value: Any) -> PurePosixPath:
-    text = quoted_text("an absolute path")(value)
-    expanded = expand_vars(text)
-    if not expanded.startswith("/"):
-        hint = " ('~' is not expanded for paths on a host)" if expanded.startswith("~") else ""
-        raise ValueError(f"expected an absolute path on the host{hint}")
-    _unit_text(expanded)
-    return PurePosixPath(expanded)
-
-
-Port = Annotated[int, AfterValidator(_ranged(1, 65535))]
-NonNegInt = Annotated[int, AfterValidator(_ranged(0))]
-PosInt = Annotated[int, AfterValidator(_ranged(1))]
-TreeSize = Annotated[int, AfterValidator(_ranged(1, 1024))]
 Seconds = Annotated[float, AfterValidator(_positive)]
 NonNegSeconds = Annotated[float, AfterValidator(_non_negative)]
-Fraction = Annotated[float, AfterValidator(_fraction)]
 ItemName = Annotated[
     str, BeforeValidator(quoted_text("a name")),
     AfterValidator(_matches(ITEM_NAME_RE, "a name of letters, digits, '.', '_' and '-'")),
 ]  # fmt: skip
 RefName = Annotated[str, BeforeValidator(quoted_text("a name"))]
 LocalPath = Annotated[Path, BeforeValidator(_local_path)]
-RemotePath = Annotated[PurePosixPath, BeforeValidator(_remote_path)]
 Address = Annotated[
     str, BeforeValidator(quoted_text("a hostname or IP address")), AfterValidator(_address)
 ]
@@ -292,19 +161,9 @@ PythonVersion = Annotated[
     str, BeforeValidator(quoted_text('a Python version such as "3.11"')), AfterValidator(_python)
 ]
 Sudo = Annotated[SudoMode, PlainValidator(_sudo)]
-EnvName = Annotated[
-    str, BeforeValidator(quoted_text("a variable name")), AfterValidator(_env_name)
-]
-EnvValue = Annotated[
-    str, BeforeValidator(quoted_text("a value")), AfterValidator(_env_value)
-]
-ServerArg = Annotated[
-    str, BeforeValidator(quoted_text("an argument")), AfterValidator(_server_arg)
-]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+class _Model(StrictModel):
 
     # Fields whose text as written is kept for display (paths with ~ and ${VAR}).
     RAW_FIELDS: ClassVar[tuple[str, ...]] = ()
@@ -418,14 +277,15 @@ class SglangSpec(_Model):
         return Version(self.version)
 
 
-class DdtreeSpec(_Model):
-    budget: TreeSize
-    topk: TreeSize
-    shadow_linear: bool = False
+DdtreeSpec = DdtreeSettings  # a deployment's ddtree: block (settings.model)
 
 
-class Deployment(_Model):
-    """One SGLang service on one host; the systemd unit is ``<service or name>.service``."""
+class Deployment(_Model, ServerSettings):
+    """One SGLang service on one host; the systemd unit is ``<service or name>.service``.
+
+    Its server fields (algorithm, ddtree, backends, gpu, port, ...) are ServerSettings'
+    own: one model, one set of ranges and rules; the loader runs the rules between fields
+    after its type checks (``rule_problems``)."""
 
     RAW_FIELDS = ("model_path", "draft_model_path")
 
@@ -436,22 +296,6 @@ class Deployment(_Model):
     cuda_lane: CudaLane
     sglang: SglangSpec
     payload: bool = True
-    gpu: NonNegInt | None = None
-    port: Port | None = None
-    model_path: RemotePath | None = None
-    draft_model_path: RemotePath | None = None
-    algorithm: Algorithm = "none"
-    ddtree: DdtreeSpec | None = None
-    attention_backend: AttentionBackend | None = None
-    grammar_backend: GrammarBackend | None = None
-    sampling_backend: SamplingBackend | None = None
-    mem_fraction_static: Fraction | None = None
-    context_length: PosInt | None = None
-    tp_size: PosInt = 1
-    cuda_graph: bool = True
-    extra_args: list[ServerArg] = Field(default_factory=list)
-    # Environment= lines of the unit (NCCL, CUDA variables a site's hardware needs)
-    environment: dict[EnvName, EnvValue] = Field(default_factory=dict)
 
     @property
     def service_name(self) -> str:
@@ -462,9 +306,11 @@ class Deployment(_Model):
         return f"{self.service_name}.service"
 
     @property
-    def gpu_indices(self) -> range | None:
-        """The GPUs this service uses (gpu .. gpu+tp_size-1), None while gpu is not chosen."""
-        return None if self.gpu is None else range(self.gpu, self.gpu + self.tp_size)
+    def settings(self) -> ServerSettings:
+        """The server's settings as this deployment writes them (the file's layer)."""
+        return ServerSettings.model_construct(
+            _fields_set=self.model_fields_set & set(ServerSettings.model_fields),
+            **{k: getattr(self, k) for k in ServerSettings.model_fields})
 
 
 def local_host() -> HostSpec:

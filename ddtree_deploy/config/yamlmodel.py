@@ -12,9 +12,9 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ddtree_deploy.config.messages import describe, english
 from ddtree_deploy.config.yamlload import Problem, load_yaml_file, path_part
 from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.settings.messages import describe, english
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ddtree_deploy.config.schema import Deployment
+from ddtree_deploy.errors import RefusedError
 from ddtree_deploy.facts.model import GpuProcess, Listener
 from ddtree_deploy.rules import findings
 from ddtree_deploy.rules.context import Rule, RuleContext
@@ -21,6 +22,7 @@ from ddtree_deploy.rules.model_fit import (
     verify_width_problem,
     verify_width_remedy,
 )
+from ddtree_deploy.rules.placement import choose_gpus
 
 
 def _own_pids(ctx: RuleContext, dep: Deployment) -> set[int]:
@@ -39,9 +41,6 @@ def _free_gpus(ctx: RuleContext, dep: Deployment) -> list[int]:
 
 def _suggest_gpu(ctx: RuleContext, dep: Deployment) -> str:
     if dep.tp_size > 1:  # the first GPU of a free contiguous run
-        from ddtree_deploy.errors import RefusedError
-        from ddtree_deploy.service.resolve import choose_gpus
-
         try:
             return f"--gpu {choose_gpus(ctx.facts, None, dep.tp_size, own_unit=dep.unit_name)[0]}"
         except RefusedError:
@@ -89,8 +88,6 @@ def tp_gpus(ctx: RuleContext) -> Iterable[Finding]:
     dep = ctx.deployment
     if dep is None or dep.gpu is not None or dep.tp_size == 1 or not ctx.facts.nvidia.present:
         return
-    from ddtree_deploy.errors import RefusedError
-    from ddtree_deploy.service.resolve import choose_gpus
 
     try:
         chosen = choose_gpus(ctx.facts, None, dep.tp_size, own_unit=dep.unit_name)
@@ -327,6 +324,8 @@ def ddtree_verify_width(ctx: RuleContext) -> Iterable[Finding]:
     if block is None:
         return
     budget = dep.ddtree.budget
+    if budget is None:
+        return
     problem = verify_width_problem(budget, block)
     if problem is None:
         return

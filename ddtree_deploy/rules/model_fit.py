@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.rules.findings import Finding
+from ddtree_deploy.settings.model import verify_width_problem, verify_width_remedy
+
+__all__ = ["DRAFTED", "ModelFacts", "check_model_fit", "draft_block_size", "expected_width",
+           "model_facts_from", "verify_width_problem", "verify_width_remedy"]
 
 DRAFTED = ("dflash", "ddtree")
 
@@ -150,28 +154,3 @@ def draft_block_size(draft: dict[str, Any]) -> tuple[int, str] | None:
     if _int(draft.get("block_size")) is not None:
         return int(draft["block_size"]), "block_size"
     return None
-
-
-def verify_width_problem(budget: int, block: int) -> str | None:
-    """Why a full-tree DDTREE budget cannot serve a drafter of ``block`` tokens, or None.
-
-    The verify width is budget + 1 tokens per request per round (root + budget nodes); SGLang
-    sizes the round's KV slots, the req-to-token rows and the CUDA graphs from it."""
-    width = budget + 1
-    if width >= block:
-        return None
-    return (f"DDTREE budget {budget} gives a verify width of {width} tokens per request per "
-            f"round (root + budget nodes), below the drafter's block size {block}: SGLang "
-            f"reserves {width} KV slots per running request per round and sizes the "
-            f"req-to-token rows and the CUDA graphs ({width} x batch size tokens) for them, "
-            f"while the drafter writes {block} per request unchecked; under memory pressure "
-            "\"DFLASH draft OOM\" kills the scheduler, and near the context limit a request's "
-            "row can be overwritten")
-
-
-def verify_width_remedy(deployment: str, block: int) -> str:
-    return (f"set deployments.{deployment}.ddtree.budget in hosts.yaml to at least {block - 1} "
-            "(--speculative-ddtree-budget), then run `ddtree-deploy apply`: each node of budget "
-            "costs one more KV slot per running request per round and widens every captured "
-            "CUDA graph by the batch size in tokens; or set ddtree.shadow_linear: true "
-            f"(verify width = the block size {block})")

@@ -37,12 +37,10 @@ from ddtree_deploy.service.spec import (
     DEPLOYMENT_KEY,
     MANAGED_KEY,
     PORT_KEY,
-    TOOL_ENVIRONMENT,
     ServiceSpec,
     UnitCommand,
-    secret_flag,
-    unit_char_problem,
 )
+from ddtree_deploy.settings.values import TOOL_ENVIRONMENT, secret_flag, unit_char_problem
 
 __all__ = ["DEPLOYMENT_KEY", "PORT_KEY", "ld_library_path", "render_unit", "unit_command"]
 
@@ -199,8 +197,11 @@ def _header(tool_version: str, what: str, host: str) -> str:
     )
 
 
-def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The unit's environment, every name and value checked."""
+def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str],
+                 own: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
+    """The unit's environment, every name and value checked: the tool's own (GPUs, library
+    path, `own`: the DDTree plugin's settings), then `extra` (a deployment's `environment:`,
+    none of the tool's)."""
     env: dict[str, str] = {
         # nvidia-smi numbers GPUs by PCI bus; CUDA's default order is "fastest first".
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -210,6 +211,7 @@ def _environment(gpus: str, ld_dirs: Iterable[str], extra: Mapping[str, str]) ->
     if ld:
         env["LD_LIBRARY_PATH"] = ld
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(own)
     for name in sorted(extra):
         if name in env or name in TOOL_ENVIRONMENT:
             raise UnitRenderError(
@@ -268,13 +270,14 @@ def unit_command(spec: ServiceSpec) -> UnitCommand:
         )
     if spec.algorithm != "none" and not spec.draft_model_path:
         raise UnitRenderError(f"{what}: algorithm {spec.algorithm} needs a draft model path")
-    args = spec.server_args()
+    server = spec.command()  # settings.command: argv and environment per SGLang version
+    args = list(server.args)
     _check_secret_flags(args)
     cwd = _workdir(spec.venv, "venv")
     systemd_quote_executable(spec.python, what="venv python")
     for arg in args:
         systemd_quote(arg)
-    env = _environment(gpus, spec.ld_library_path, dict(spec.environment))
+    env = _environment(gpus, spec.ld_library_path, dict(server.env), server.plugin_env)
     return UnitCommand(argv=(spec.python, "-m", "sglang.launch_server", *args), env=env,
                        cwd=cwd)
 

@@ -1,184 +1,27 @@
 """From a deployment (or flags) and a host's facts to a ServiceSpec: pure functions.
 
-GPU and port come from facts when not given: never a dead GPU, never one whose
-memory another process holds, never a port something listens on. An explicit dead
-or busy GPU, or a taken port, is refused unless forced, naming the PID (and unit,
-port) holding it.
-The service's own running unit never makes its GPU or port "busy".
+The server's settings come from ONE merge (settings.layers: the host's default models, the
+deployment, then flags), validated before any host is contacted; here the facts decide the
+rest: the GPUs and port (rules.placement), the drafter's block size, the venv's library
+folders and SGLang version, and the rules that need them (the verify width, tp vs the GPUs
+present) run with the facts as the validation context. `build_spec` is the only
+constructor of a ServiceSpec in the tool.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ddtree_deploy.config.hosts import Deployment, HostSpec
+from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
 from ddtree_deploy.errors import RefusedError, UsageError
-from ddtree_deploy.facts.model import Facts, Gpu, GpuProcess, Listener
-from ddtree_deploy.rules.model_fit import (
-    draft_block_size,
-    verify_width_problem,
-    verify_width_remedy,
-)
+from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.rules.model_fit import draft_block_size
+from ddtree_deploy.rules.placement import FIRST_PORT, choose_gpu, choose_gpus, choose_port
 from ddtree_deploy.service.libpath import ld_library_path as from_venv
-from ddtree_deploy.service.spec import Algorithm, ServiceSpec
+from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.settings.layers import Layer, Merged, merge
+from ddtree_deploy.settings.model import DFLASH_BLOCK, HostFit
 
-FIRST_PORT = 30000
-DFLASH_BLOCK = 16  # without the drafter's config.json: the z-lab *-DFlash-b16 drafters' block
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Flags of `service up`; None means: take the deployment's value (or the default)."""
-
-    gpu: int | None = None
-    port: int | None = None
-    venv: str | None = None
-    algorithm: Algorithm | None = None
-    model_path: str | None = None
-    draft_model_path: str | None = None
-    ddtree_budget: int | None = None
-    ddtree_topk: int | None = None
-    attention_backend: str | None = None
-    grammar_backend: str | None = None
-    sampling_backend: str | None = None
-    mem_fraction_static: float | None = None
-    name: str | None = None
-    extra_args: tuple[str, ...] = field(default_factory=tuple)
-
-
-def _foreign(procs: list[GpuProcess], own_unit: str) -> list[GpuProcess]:
-    return [p for p in procs if p.unit != own_unit]
-
-
-def _who(p: GpuProcess | Listener) -> str:
-    text = f"PID {p.pid}" if p.pid else "an unknown process"
-    if isinstance(p, GpuProcess) and p.ports:
-        text += f" (port {', '.join(str(x) for x in p.ports)})"
-    if p.unit:
-        text += f" of {p.unit}"
-    return text
-
-
-def choose_gpu(facts: Facts, wanted: int | None, *, own_unit: str, force: bool = False) -> int:
-    gpus = {g.index: g for g in facts.nvidia.gpus}
-    if wanted is not None:
-        gpu: Gpu | None = gpus.get(wanted)
-        if gpu is None:
-            have = ", ".join(str(i) for i in sorted(gpus)) or "none"
-            raise RefusedError(f"{facts.host} has no GPU {wanted} (GPUs: {have})")
-        if gpu.dead and not force:
-            raise RefusedError(f"GPU {wanted} on {facts.host} is dead: {gpu.error or 'unusable'}",
-                               hint="choose another GPU with --gpu")
-        busy = _foreign(gpu.processes, own_unit)
-        if busy and not force:
-            raise RefusedError(
-                f"GPU {wanted} on {facts.host} is busy: held by "
-                + "; ".join(_who(p) for p in busy),
-                hint="choose a free GPU with --gpu, or --force to share it",
-            )
-        return wanted
-    for index in sorted(gpus):
-        g = gpus[index]
-        if not g.dead and not _foreign(g.processes, own_unit):
-            return index
-    if not gpus:  # nothing to be dead or held: say what the driver said
-        nv = facts.nvidia
-        raise RefusedError(f"{facts.host} has no GPU: "
-                           + (nv.error or "the NVIDIA driver lists none" if nv.present
-                              else f"no NVIDIA driver answered ({nv.error or 'NVML, nvidia-smi'})"),
-                           hint="deploy to a host with a GPU (`ddtree-deploy inventory` lists "
-                                "them)")
-    raise RefusedError(f"{facts.host} has no free GPU: "
-                       + "; ".join(why for i in sorted(gpus)
-                                   if (why := _why_not(facts, i, own_unit))))
-
-
-def _why_not(facts: Facts, index: int, own_unit: str) -> str | None:
-    """Why GPU ``index`` cannot serve (missing, dead, held by another process), or None."""
-    gpu = {g.index: g for g in facts.nvidia.gpus}.get(index)
-    if gpu is None:
-        return f"GPU {index} does not exist"
-    if gpu.dead:
-        return f"GPU {index} is dead ({gpu.error or 'unusable'})"
-    busy = _foreign(gpu.processes, own_unit)
-    if busy:
-        return f"GPU {index} is busy (held by " + "; ".join(_who(p) for p in busy) + ")"
-    return None
-
-
-def _runs(free: list[int]) -> list[list[int]]:
-    """Contiguous runs of indices: [1, 2, 3, 5, 6] -> [[1, 2, 3], [5, 6]]."""
-    runs: list[list[int]] = []
-    for index in free:
-        if runs and runs[-1][-1] == index - 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    return runs
-
-
-def _span(gpus: list[int]) -> str:
-    return f"{gpus[0]}-{gpus[-1]}" if len(gpus) > 1 else str(gpus[0])
-
-
-def choose_gpus(facts: Facts, first: int | None, tp_size: int, *, own_unit: str,
-                force: bool = False) -> tuple[int, ...]:
-    """The GPUs of a service with tensor parallelism ``tp_size``: contiguous indices (the
-    PCI-bus order the unit's CUDA_DEVICE_ORDER uses). A given first GPU fixes them
-    (first .. first+tp-1, each free unless forced); otherwise the lowest run of free GPUs
-    that starts at a multiple of tp_size (GPUs 4-7 for tp 4: the half of an 8-GPU host that
-    shares a PCIe switch or socket on common boards), else the lowest run anywhere."""
-    if tp_size == 1:
-        return (choose_gpu(facts, first, own_unit=own_unit, force=force),)
-    indices = sorted(g.index for g in facts.nvidia.gpus)
-    if first is not None:
-        wanted = list(range(first, first + tp_size))
-        missing = [i for i in wanted if i not in indices]
-        if missing:
-            raise RefusedError(
-                f"tp {tp_size} from GPU {first} needs GPUs {_span(wanted)}; {facts.host} has "
-                f"no GPU {', '.join(map(str, missing))} "
-                f"(GPUs: {', '.join(map(str, indices)) or 'none'})",
-                hint="choose another first GPU (hosts.yaml gpu) or a smaller tp_size")
-        problems = [why for i in wanted if (why := _why_not(facts, i, own_unit))]
-        if problems and not force:
-            raise RefusedError(
-                f"tp {tp_size} from GPU {first} needs GPUs {_span(wanted)} on {facts.host}: "
-                + "; ".join(problems),
-                hint="choose another first GPU (hosts.yaml gpu, --gpu) or --force to share them")
-        return tuple(wanted)
-    unusable = {i: why for i in indices if (why := _why_not(facts, i, own_unit))}
-    runs = _runs([i for i in indices if i not in unusable])
-    fits = [run[k:k + tp_size] for run in runs for k in range(len(run) - tp_size + 1)]
-    aligned = [gpus for gpus in fits if gpus[0] % tp_size == 0]
-    if aligned or fits:
-        return tuple((aligned or fits)[0])
-    longest = max(runs, key=len, default=[])
-    where = (f"{facts.host} has only {len(indices)} GPU(s)" if len(indices) < tp_size
-             else f"on {facts.host}")
-    why = "; ".join(unusable.values())
-    best = (f"the longest run of free contiguous GPUs is {_span(longest)}" if longest
-            else "no GPU is free")
-    raise RefusedError(
-        f"tp {tp_size} needs {tp_size} free contiguous GPUs; {where}"
-        + (f": {why}" if why else "") + f"; {best}",
-        hint=(f"a tp_size of at most {len(longest)} fits (GPUs {_span(longest)}); or free "
-              "the GPUs above" if longest and len(indices) >= tp_size
-              else "deploy to a host with more GPUs, or lower tp_size"))
-
-
-def choose_port(facts: Facts, wanted: int | None, *, own_unit: str, force: bool = False) -> int:
-    taken = {ln.port: ln for ln in facts.services.listeners if ln.unit != own_unit}
-    if wanted is not None:
-        holder = taken.get(wanted)
-        if holder is not None and not force:
-            raise RefusedError(f"port {wanted} on {facts.host} is taken by {_who(holder)}",
-                               hint="choose another port with --port")
-        return wanted
-    port = FIRST_PORT
-    while port in taken:
-        port += 1
-    return port
+__all__ = ["FIRST_PORT", "build_spec", "choose_gpu", "choose_gpus", "choose_port",
+           "draft_block", "ld_library_path", "settings_for"]
 
 
 def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
@@ -196,12 +39,11 @@ def draft_block(facts: Facts, draft: str | None) -> int:
     return found[0] if found else DFLASH_BLOCK
 
 
-def check_verify_width(deployment: str | None, budget: int | None, block: int,
-                       shadow_linear: bool) -> None:
-    """Refuse a full-tree DDTREE budget whose verify width (budget + 1) is below the block."""
-    problem = None if shadow_linear or budget is None else verify_width_problem(budget, block)
-    if problem is not None:
-        raise RefusedError(problem, hint=verify_width_remedy(deployment or "NAME", block))
+def settings_for(config: Config, host: HostSpec, deployment: Deployment | None,
+                 *flags: Layer) -> Merged:
+    """The server's settings: the host's default models, the deployment, then `flags`
+    (each a layer), merged and validated (exit 2 on bad input; no host contacted)."""
+    return merge(*config.settings_layers(host, deployment), *flags)
 
 
 def _exists(facts: Facts, venv: str) -> bool:
@@ -210,63 +52,50 @@ def _exists(facts: Facts, venv: str) -> bool:
 
 
 def build_spec(
+    config: Config,
     host: HostSpec,
     facts: Facts,
     deployment: Deployment | None,
-    flags: Overrides,
+    settings: Merged | None = None,
     *,
+    name: str | None = None,
+    venv: str | None = None,
     force: bool = False,
     require_venv: bool = True,
+    block: int | None = None,
 ) -> ServiceSpec:
-    """The service to install: the deployment's values, each overridden by a flag."""
+    """The service to install: `settings` (default: the deployment's, merged) on this host.
+    `name` and `venv` are `service up`'s --name and --venv (a deployment names its own);
+    `block`: the drafter's block size when the caller read it (else from the facts)."""
     d = deployment
-    algorithm: Algorithm = flags.algorithm or (d.algorithm if d else "none")
-    name = flags.name or (d.service_name if d else f"sglang-{algorithm}")
+    merged = settings if settings is not None else settings_for(config, host, d)
+    s = merged.settings
+    name = name or (d.service_name if d else f"sglang-{s.algorithm}")
     own_unit = f"{name}.service"
-    venv = flags.venv or (str(host.venvs[d.venv].path) if d else None)
+    venv = venv or (str(host.venvs[d.venv].path) if d else None)
     if venv is None:
         raise UsageError("--venv PATH is needed without a deployment")
-    model = flags.model_path or (str(d.model_path) if d and d.model_path else None)
-    model = model or (str(host.default_model) if host.default_model else None)
-    if model is None:
-        raise UsageError(f"--model-path is needed: {host.name} declares no default model")
-    draft = flags.draft_model_path or (str(d.draft_model_path) if d and d.draft_model_path
-                                       else None)
-    if draft is None and algorithm != "none":
-        draft = str(host.models["draft"]) if "draft" in host.models else None
-    if algorithm != "none" and draft is None:
-        raise UsageError(f"--speculative {algorithm} needs --draft-model-path")
-    tree = d.ddtree if d and d.ddtree else None
-    block = draft_block(facts, draft) if algorithm != "none" else None
-    budget = flags.ddtree_budget or (tree.budget if tree else None)
-    if algorithm == "ddtree" and block is not None:
-        check_verify_width(d.name if d else None, budget, block, bool(tree and tree.shadow_linear))
+    if s.algorithm == "none":
+        block = None
+    elif block is None:
+        block = draft_block(facts, s.draft)
+    present = facts.nvidia.gpus if facts.nvidia.present else None
+    s = merged.on_host(HostFit(host=host.name, draft_block=block,
+                               gpu_count=len(present) if present else None,
+                               deployment=d.name if d else None))
+    found = facts.venv(venv)
+    version = d.sglang.version if d else (
+        found.sglang.version if found is not None and found.sglang is not None else None)
     return ServiceSpec(
         name=name,
         host=host.name,
         deployment=d.name if d else None,
         venv=venv,
-        gpus=choose_gpus(facts, flags.gpu if flags.gpu is not None else (d.gpu if d else None),
-                         d.tp_size if d else 1, own_unit=own_unit, force=force),
-        port=choose_port(facts, flags.port if flags.port is not None else (d.port if d else None),
-                         own_unit=own_unit, force=force),
-        model_path=model,
-        draft_model_path=draft if algorithm != "none" else None,
-        algorithm=algorithm,
-        ddtree_budget=budget,
-        ddtree_topk=flags.ddtree_topk or (tree.topk if tree else None),
-        ddtree_shadow_linear=bool(tree and tree.shadow_linear),
+        gpus=choose_gpus(facts, s.gpu, s.tp_size, own_unit=own_unit, force=force),
+        port=choose_port(facts, s.port, own_unit=own_unit, force=force),
+        settings=s,
+        sglang_version=version,
         num_draft_tokens=block,
-        attention_backend=flags.attention_backend or (d.attention_backend if d else None),
-        grammar_backend=flags.grammar_backend or (d.grammar_backend if d else None),
-        sampling_backend=flags.sampling_backend or (d.sampling_backend if d else None),
-        mem_fraction_static=flags.mem_fraction_static
-        or (d.mem_fraction_static if d else None),
-        context_length=d.context_length if d else None,
-        tp_size=d.tp_size if d else 1,
-        cuda_graph=d.cuda_graph if d else True,
-        extra_args=tuple(d.extra_args if d else ()) + flags.extra_args,
-        environment=tuple(sorted(d.environment.items())) if d else (),
         ld_library_path=ld_library_path(facts, venv) if require_venv or _exists(facts, venv)
         else (),
     )

@@ -1,65 +1,27 @@
 """What one SGLang service is: everything its unit and its probe need, resolved.
 
-Built from a deployment of hosts.yaml (flags override its values) or from flags
-alone, plus the host's facts (the venv's real nvidia library folders, GPU and
-port choice). Immutable data: rendering and installing read it, never change it.
+Built only by service.resolve.build_spec: the server's settings (settings.ServerSettings,
+one merge of the deployment and flags) placed on a host by its facts (the GPUs and port
+chosen, the venv's real nvidia library folders, the drafter's block, the SGLang version).
+Immutable data: rendering and installing read it, never change it.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
-Algorithm = Literal["none", "dflash", "ddtree"]
+from ddtree_deploy.settings.command import ServerCommand, server_command
+from ddtree_deploy.settings.model import ServerSettings
+from ddtree_deploy.settings.values import TOOL_ENVIRONMENT, Algorithm
+
+__all__ = ["DEPLOYMENT_KEY", "MANAGED_KEY", "PORT_KEY", "TOOL_ENVIRONMENT", "UNIT_DIR",
+           "Algorithm", "ServiceSpec", "UnitCommand"]
+
 MANAGED_KEY = "X-DDTreeDeploy-Managed"  # in [Unit]: marks units this tool created
 UNIT_DIR = "/etc/systemd/system"
 DEPLOYMENT_KEY = "X-DDTreeDeploy-Deployment"  # in [Unit]: the deployment a unit serves
 PORT_KEY = "X-DDTreeDeploy-Port"  # in [Unit]: the port its /health answers on
-# Environment= variables the unit sets itself, and what in hosts.yaml decides each: a
-# deployment's `environment:` may not set them (the unit would carry two values).
-TOOL_ENVIRONMENT: dict[str, str] = {
-    "CUDA_DEVICE_ORDER": "always PCI_BUS_ID, the numbering nvidia-smi and the facts use",
-    "CUDA_VISIBLE_DEVICES": "the deployment's gpu and tp_size",
-    "LD_LIBRARY_PATH": "the venv's own nvidia library folders",
-    "PYTHONUNBUFFERED": "always 1, so the journal gets each log line when it is written",
-}
-
-
-# Long flags SGLang takes a secret with. Its parser is argparse with abbreviations allowed, so
-# any unambiguous prefix (`--api-ke`, `--admin-api`) reaches the same option: all refused.
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
-# Bidirectional overrides and isolates: text that reads one way and runs another.
-_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
-
-
-def unit_char_problem(value: str) -> str | None:
-    """Why `value` cannot go into a unit, which systemd and a plain process must read alike.
-
-    systemd ends a line at LF, CR and NUL only; Python (and so any reader written in it)
-    also at VT, FF, FS, GS, RS, NEL (U+0085), U+2028 and U+2029. C0 and C1 controls would
-    reach a terminal raw, and bidirectional overrides make a path read differently from
-    what runs. All of them are refused (None: the value can be placed).
-    """
-    for ch in value:
-        category = unicodedata.category(ch)
-        if category in ("Cc", "Zl", "Zp", "Cs") or ch in _BIDI:
-            name = unicodedata.name(ch, "a control character")
-            return (f"contains {ch!r} (U+{ord(ch):04X}, {name}), which systemd and a plain "
-                    "process would not read alike")
-    return None
-
-
-def secret_flag(arg: str) -> str | None:
-    """The secret flag `arg` reaches through SGLang's argparse (exact or abbreviated), if any."""
-    if not arg.startswith("--") or len(arg) <= 2:
-        return None
-    option = arg.split("=", 1)[0]
-    for flag in SECRET_FLAGS:
-        if len(option) > 2 and flag.startswith(option):
-            return flag
-    return None
 
 
 @dataclass(frozen=True)
@@ -94,24 +56,11 @@ class ServiceSpec:
     venv: str  # absolute path of the venv on the host
     gpus: tuple[int, ...]  # physical GPU indices -> CUDA_VISIBLE_DEVICES
     port: int
-    model_path: str
+    settings: ServerSettings  # merged and validated (with the host's facts)
     deployment: str | None = None  # the hosts.yaml deployment it came from, if any
     bind_host: str = "0.0.0.0"
-    draft_model_path: str | None = None
-    algorithm: Algorithm = "none"
-    ddtree_budget: int | None = None
-    ddtree_topk: int | None = None
-    ddtree_shadow_linear: bool = False
-    num_draft_tokens: int | None = None  # DFlash block size (16 for the -b16 drafters)
-    attention_backend: str | None = None
-    grammar_backend: str | None = None
-    sampling_backend: str | None = None
-    mem_fraction_static: float | None = None
-    context_length: int | None = None
-    tp_size: int = 1
-    cuda_graph: bool = True
-    extra_args: tuple[str, ...] = ()
-    environment: tuple[tuple[str, str], ...] = ()  # hosts.yaml `environment:`, sorted by name
+    sglang_version: str | None = None  # the venv's SGLang (None: the payload's 0.5.11)
+    num_draft_tokens: int | None = None  # the drafter's block size (16 for the -b16 drafters)
     ld_library_path: tuple[str, ...] = field(default_factory=tuple)  # venv's nvidia lib dirs
 
     @property
@@ -126,35 +75,38 @@ class ServiceSpec:
     def python(self) -> str:
         return f"{self.venv.rstrip('/')}/bin/python"
 
+    @property
+    def algorithm(self) -> Algorithm:
+        return self.settings.algorithm
+
+    @property
+    def tp_size(self) -> int:
+        return self.settings.tp_size
+
+    @property
+    def model_path(self) -> str:
+        return self.settings.model
+
+    @property
+    def draft_model_path(self) -> str | None:
+        return self.settings.draft
+
+    @property
+    def extra_args(self) -> tuple[str, ...]:
+        return tuple(self.settings.extra_args)
+
+    def command(self) -> ServerCommand:
+        """The server's arguments and environment (settings.command: per SGLang version)."""
+        return server_command(self.settings, self.sglang_version, port=self.port,
+                              bind_host=self.bind_host,
+                              draft_tokens=self.num_draft_tokens if self.algorithm != "none"
+                              else None)
+
     def server_args(self) -> list[str]:
         """`python -m sglang.launch_server` arguments, in a stable order."""
-        args = ["--model-path", self.model_path, "--host", self.bind_host,
-                "--port", str(self.port)]
-        if self.tp_size != 1:
-            args += ["--tp-size", str(self.tp_size)]
-        if self.algorithm != "none":
-            args += ["--speculative-algorithm", self.algorithm.upper()]
-            if self.draft_model_path:
-                args += ["--speculative-draft-model-path", self.draft_model_path]
-            if self.num_draft_tokens is not None:
-                args += ["--speculative-num-draft-tokens", str(self.num_draft_tokens)]
-        if self.algorithm == "ddtree":
-            if self.ddtree_budget is not None:
-                args += ["--speculative-ddtree-budget", str(self.ddtree_budget)]
-            if self.ddtree_topk is not None:
-                args += ["--speculative-ddtree-topk", str(self.ddtree_topk)]
-            if self.ddtree_shadow_linear:
-                args += ["--speculative-ddtree-shadow-linear"]
-        if self.attention_backend:
-            args += ["--attention-backend", self.attention_backend]
-        if self.grammar_backend:
-            args += ["--grammar-backend", self.grammar_backend]
-        if self.sampling_backend:
-            args += ["--sampling-backend", self.sampling_backend]
-        if self.mem_fraction_static is not None:
-            args += ["--mem-fraction-static", f"{self.mem_fraction_static:g}"]
-        if self.context_length is not None:
-            args += ["--context-length", str(self.context_length)]
-        if not self.cuda_graph:
-            args += ["--disable-cuda-graph"]
-        return args + list(self.extra_args)
+        return list(self.command().args)
+
+    @property
+    def environment(self) -> tuple[tuple[str, str], ...]:
+        """The deployment's `environment:`, by name (the tool's own variables are not in it)."""
+        return self.command().env

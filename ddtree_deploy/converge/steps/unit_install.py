@@ -10,7 +10,7 @@ from __future__ import annotations
 from ddtree_deploy import __version__
 from ddtree_deploy.converge.steps import Acting, Planning, Step, StepKind, UnitParams
 from ddtree_deploy.service import install
-from ddtree_deploy.service.resolve import Overrides, build_spec
+from ddtree_deploy.service.resolve import build_spec
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.transport.base import ExecTransport
 
@@ -34,7 +34,7 @@ def install_unit(t: ExecTransport, spec: ServiceSpec) -> tuple[str, bool]:
 def plan(ctx: Planning) -> list[Step]:
     d = ctx.deployment
     unit = d.unit_name
-    spec = build_spec(ctx.host, ctx.facts, d, Overrides(), require_venv=False)
+    spec = build_spec(ctx.config, ctx.host, ctx.facts, d, require_venv=False)
     if ctx.changed:
         return [ctx.step(KIND, unit, "rendered once the steps above are done (from the venv's "
                                      "real library folders)", [f"install {spec.unit_path}"],
@@ -51,7 +51,7 @@ def plan(ctx: Planning) -> list[Step]:
 
 def act(ctx: Acting, step: Step) -> None:
     dep = ctx.config.deployment(step.deployment)
-    install_unit(ctx.t, build_spec(ctx.host, ctx.facts.current(), dep, Overrides()))
+    install_unit(ctx.t, build_spec(ctx.config, ctx.host, ctx.facts.current(), dep))
 
 
 STEP = StepKind(KIND, UnitParams, act, plan=plan, marks_restart=True)

@@ -103,6 +103,8 @@ def english(error: Any, model: type[BaseModel]) -> str:
     loc = tuple(p for p in error["loc"] if p != "[key]")
     ctx: dict[str, Any] = error.get("ctx") or {}
     value = error.get("input")
+    if kind in ("settings_rule", "host_fit"):  # settings.model's rules: complete sentences
+        return str(ctx.get("error", error["msg"]))
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
