@@ -141,7 +141,8 @@ def test_dry_run_shows_the_plan_and_starts_nothing(setup: dict[str, Any]) -> Non
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--configs", "ddtree:7/8"], "configs[0].budget: 7 + 1 < block size 16 of the drafter"),
+    (["--configs", "ddtree:7/8"], "--configs ddtree:7/8: budget: DDTREE budget 7 gives a "
+                                  "verify width of 8 tokens"),
     (["--configs", "dflash", "--concurrency", "1,1"], "--concurrency: give distinct values"),
     (["--mode", "cloud"], "--mode must be auto, systemd or plain"),
     (["--prompts", "text"], "runs with --skip-tokenizer-init: it takes token ids only"),

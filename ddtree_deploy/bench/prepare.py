@@ -18,6 +18,7 @@ from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.settings.layers import SettingsRefused
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
 
@@ -105,8 +106,12 @@ def prepare(t: ExecTransport, config: Config, host: HostSpec, facts: Facts,
                          hint="set prompts: ids (or auto) in the grid")
     # each configuration: a layer over the deployment's settings, checked against the
     # drafter's block (the verify width) as any deployment is
-    specs = {c.key: build_spec(config, host, facts, dep, settings_for(config, host, dep, c.layer),
-                               force=force, block=block) for c in grid.configs}
+    try:
+        specs = {c.key: build_spec(config, host, facts, dep,
+                                   settings_for(config, host, dep, c.layer), force=force,
+                                   block=block) for c in grid.configs}
+    except SettingsRefused as exc:  # the grid asks what this drafter cannot serve: exit 2
+        raise exc.as_input_error() from None
     return Prepared(dep, base, specs, draft, block, vocab, ids)
 
 

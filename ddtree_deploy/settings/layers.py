@@ -22,6 +22,21 @@ from ddtree_deploy.errors import ConfigError, DeployError, RefusedError, UsageEr
 from ddtree_deploy.settings.messages import english
 from ddtree_deploy.settings.model import FLAGS, HOST_FIT, HostFit, ServerSettings
 
+
+class SettingsRefused(RefusedError):
+    """Settings that do not fit the host (its facts): the verify width, tp vs the GPUs."""
+
+    def __init__(self, message: str, *, hint: str | None = None, from_flags: bool = False
+                 ) -> None:
+        super().__init__(message, hint=hint)
+        self.from_flags = from_flags
+
+    def as_input_error(self) -> DeployError:
+        """The same, said as bad input (exit 2): for a command whose input is at fault."""
+        cls = UsageError if self.from_flags else ConfigError
+        return cls(self.message, hint=self.hint)
+
+
 Path_ = tuple[str, ...]
 Loc = tuple[str | int, ...]
 
@@ -152,5 +167,5 @@ def _refusal(exc: ValidationError, layers: tuple[Layer, ...],
     message = "\n".join(lines)
     hint_text = "; ".join(hints) or None
     if host_fit:
-        return RefusedError(message, hint=hint_text)
+        return SettingsRefused(message, hint=hint_text, from_flags=flags)
     return UsageError(message) if flags else ConfigError(message)
