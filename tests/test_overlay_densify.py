@@ -24,7 +24,7 @@ import pytest
 from ddtree_deploy.overlay import densify
 from ddtree_deploy.overlay.blobcache import STORE_LEVEL, BlobCache
 from ddtree_deploy.overlay.model import FileEntry
-from ddtree_deploy.overlay.transfer import send_from_cache
+from ddtree_deploy.overlay.push import send_from_cache
 from ddtree_deploy.transport import LocalTransport
 
 pytestmark = pytest.mark.integration  # the recompressor in a process, a receiver's shell

@@ -212,7 +212,7 @@ def test_a_zstd_that_fails_on_the_streams_flags_counts_as_none(tmp_path: Path) -
 
 def test_compress_always_is_not_honoured_for_a_target_without_zstd(tmp_path: Path) -> None:
     from ddtree_deploy.overlay import relay as relay_mod
-    from ddtree_deploy.overlay.transfer import StagingState
+    from ddtree_deploy.overlay.push import StagingState
 
     sp, files = _venv(tmp_path / "src", compressible=True)
     cache = BlobCache(tmp_path / "cache")

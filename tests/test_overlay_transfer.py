@@ -26,7 +26,8 @@ from ddtree_deploy.overlay import transfer
 from ddtree_deploy.overlay.blobcache import BlobCache, IntegrityError
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import CountingProgress
-from ddtree_deploy.overlay.transfer import fetch, push
+from ddtree_deploy.overlay.push import push
+from ddtree_deploy.overlay.transfer import fetch
 from ddtree_deploy.transport import LocalTransport, SshTransport, Transport
 
 PY = sys.executable
@@ -287,13 +288,13 @@ def test_memory_stays_bounded(venv, cache, tmp_path: Path, monkeypatch) -> None:
     """No read asks for a whole file: every read of the transfer is at most 1 MiB."""
     sp, files = venv
     sizes: list[int] = []
-    real = transfer._Counted.read
+    real = transfer.Counted.read
 
-    def spy(self: transfer._Counted, size: int = -1) -> bytes:
+    def spy(self: transfer.Counted, size: int = -1) -> bytes:
         sizes.append(size)
         return real(self, size)
 
-    monkeypatch.setattr(transfer._Counted, "read", spy)
+    monkeypatch.setattr(transfer.Counted, "read", spy)
     fetch(LocalTransport(), str(sp), files, cache, python=PY)
     push(LocalTransport(), str(tmp_path / STAGE), files, cache, python=PY)
     assert sizes and all(0 < s <= MiB for s in sizes)

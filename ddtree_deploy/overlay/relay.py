@@ -35,14 +35,16 @@ from ddtree_deploy.overlay import wire
 from ddtree_deploy.overlay.blobcache import CHUNK, BlobCache
 from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
-from ddtree_deploy.overlay.transfer import (
-    ZSTD_FLAGS,
+from ddtree_deploy.overlay.push import (
     StagingState,
-    TransferReport,
     check_received,
-    fetch,
     send_from_cache,
     staging_check,
+)
+from ddtree_deploy.overlay.transfer import (
+    ZSTD_FLAGS,
+    TransferReport,
+    fetch,
     unique_by_sha,
 )
 from ddtree_deploy.remote.overlay_sample import usable_cpus  # the sample counts CPUs so too

@@ -1,4 +1,4 @@
-"""Moving a lane's files: source -> workstation blob cache -> target staging, streamed.
+"""Moving a lane's files: source -> workstation blob cache (fetch), streamed; what push shares.
 
 fetch: one `python -c` of remote/overlay_source_tar.py on the source writes a tar of the
 needed files (members named by sha256) to stdout; the workstation reads it member by member
@@ -6,11 +6,8 @@ needed files (members named by sha256) to stdout; the workstation reads it membe
 which verifies the sha256 before a blob exists. Only contents the cache lacks are asked for,
 so a second target or a re-run fetches nothing again.
 
-push: one round trip hashes what the target's staging already holds (right hash:
-skipped, damaged: deleted); a second streams a tar of the missing blobs into a
-receiver on the target that hashes each file while writing it and renames it into
-``staging/blobs/<sha256>`` only when it matches. Its JSON answer lists every file
-verified; anything missing or damaged raises IntegrityError.
+push (cache -> a target's staging, verified there) is push.py; it shares the report, the
+pipe writer and the counting reader defined here.
 
 Memory stays bounded: 1 MiB chunks and an OS pipe between the transport's thread
 and the tar reader or writer; no file is ever held whole.
@@ -48,7 +45,7 @@ from ddtree_deploy.overlay.model import FileEntry
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.remote import overlay_transfer as scripts
 from ddtree_deploy.remote.overlay_tar_read import Member, TarReader
-from ddtree_deploy.remote.runner import failure, read_json, run_json
+from ddtree_deploy.remote.runner import failure
 from ddtree_deploy.transport.base import Result, Transport
 from ddtree_deploy.transport.command import Command
 
@@ -90,7 +87,7 @@ class Forwarder(Protocol):
     def finish(self) -> None: ...
 
 
-class _PipeWriter:
+class PipeWriter:
     """The write end of an OS pipe as a file; after the reader gives up it discards.
 
     With forwarders, every byte after the first (the stream's kind: Z or P) also goes
@@ -131,7 +128,7 @@ class _PipeWriter:
             f.finish()
 
 
-class _Counted:
+class Counted:
     """A readable that reports each chunk read to a progress callback."""
 
     def __init__(self, inner: BinaryIO, tick: Callable[[int], None]) -> None:
@@ -145,7 +142,7 @@ class _Counted:
         return data
 
 
-def _str_list(value: object) -> list[str]:
+def str_list(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
@@ -184,7 +181,7 @@ def fetch(
         ZSTD_FLAGS if compress else "", stdin=listing, sudo=sudo,
     )  # fmt: skip
     rfd, wfd = os.pipe()
-    writer = _PipeWriter(wfd, forward)
+    writer = PipeWriter(wfd, forward)
     outcome: list[Result | BaseException] = []
 
     def produce() -> None:
@@ -310,7 +307,7 @@ def _read_members(stream: BinaryIO, by_sha: dict[str, FileEntry], writer: Backgr
                     f"{host}: {entry.path} has {member.size} bytes on the source, "
                     f"the manifest says {entry.size}; re-run the plan"
                 )
-            counted = _Counted(_MemberChunks(tar, member), tick)  # type: ignore[arg-type]
+            counted = Counted(_MemberChunks(tar, member), tick)  # type: ignore[arg-type]
             writer.add(entry.sha256, counted, entry.size)  # type: ignore[arg-type]
             check()
     except (tarfile.TarError, EOFError, ValueError, zstandard.ZstdError) as exc:
@@ -338,201 +335,3 @@ class _MemberChunks:
 
 
 # -- push -----------------------------------------------------------------------
-
-
-def push(
-    target: Transport,
-    staging_dir: str,
-    files: Iterable[FileEntry],
-    cache: BlobCache,
-    progress: ProgressSink | None = None,
-    *,
-    python: str = "python3",
-    compress: bool = True,
-    sudo: bool = False,
-) -> TransferReport:
-    """Make `staging_dir/blobs/<sha256>` hold every content of `files`, verified there."""
-    entries = unique_by_sha(files)
-    absent = [e.sha256 for e in entries if not cache.has(e.sha256)]
-    if absent:
-        raise DeployError(f"{len(absent)} blob(s) to push are not in the cache (fetch first)")
-    state = staging_check(target, staging_dir, entries, python=python, sudo=sudo)
-    need = [e for e in entries if e.sha256 not in state.present]
-    report = send_from_cache(target, staging_dir, need, cache, progress, python=python,
-                             compress=compress and state.zstd, sudo=sudo, free=state.free)
-    report.skipped = len(entries) - len(need)
-    return report
-
-
-@dataclass
-class StagingState:
-    present: set[str]
-    zstd: bool
-    free: int | None
-
-
-def staging_check(target: Transport, staging_dir: str, entries: list[FileEntry], *,
-                  python: str = "python3", sudo: bool = False) -> StagingState:
-    """Which contents the target's staging already holds, verified (damaged ones deleted)."""
-    listing = json.dumps([[e.sha256, e.size] for e in entries]).encode()
-    check = Command.of(python, "-c", scripts.staging_check(), staging_dir, stdin=listing,
-                       sudo=sudo)
-    state = run_json(target, check, timeout=CHECK_TIMEOUT, what="the staging check",
-                     answers=None)  # its JSON says how it went
-    free = state.get("free")
-    return StagingState(set(_str_list(state.get("present"))), bool(state.get("zstd")),
-                        free if isinstance(free, int) else None)
-
-
-def send_from_cache(
-    target: Transport,
-    staging_dir: str,
-    need: list[FileEntry],
-    cache: BlobCache,
-    progress: ProgressSink | None = None,
-    *,
-    python: str = "python3",
-    compress: bool = True,
-    sudo: bool = False,
-    free: int | None = None,
-) -> TransferReport:
-    """Stream `need` (unique contents, all cached) into the target's staging, verified there."""
-    progress = progress or NullProgress()
-    report = TransferReport()
-    if not need:
-        return report
-    use_zstd = compress
-    report.compressed = use_zstd
-    total = sum(e.size for e in need)
-    if free is not None and free < total:
-        raise DeployError(
-            f"{target.host}: {staging_dir} has {free} bytes free, the staging needs {total}"
-        )
-    t0 = time.monotonic()
-    task = progress.begin(target.host, "push", total)
-    rfd, wfd = os.pipe()
-    writer = _PipeWriter(wfd)
-    errors: list[BaseException] = []
-    thread = threading.Thread(
-        target=_write_tar, args=(writer, need, cache, use_zstd, progress, task, errors),
-        name=f"push-{target.host}", daemon=True,
-    )  # fmt: skip
-    cmd = Command.shell(
-        scripts.RECEIVE_SHELL, python, scripts.staging_receive(), staging_dir,
-        "z" if use_zstd else "", sudo=sudo,
-    )
-    thread.start()
-    try:
-        with os.fdopen(rfd, "rb", buffering=0) as pipe_in:
-            result = target.run_stream_in(cmd, pipe_in)
-            writer.discard = True  # the far side stopped reading: let the writer finish
-    finally:
-        thread.join()
-        progress.end(task)
-    report.wire = writer.count
-    if errors:
-        raise errors[0]
-    answer = read_json(result, "the staging receiver", answers=None)  # the JSON says what came
-    try:
-        check_received(target.host, staging_dir, need, answer)
-    except IntegrityError:
-        if use_zstd:  # the cache's frames went unread here: a damaged one is removed now
-            ok = set(_str_list(answer.get("ok")))
-            for e in need:
-                if e.sha256 not in ok:
-                    cache.verify(e.sha256)
-        raise
-    report.files = len(need)
-    report.payload = total
-    report.seconds = time.monotonic() - t0
-    return report
-
-
-def check_received(host: str, staging_dir: str, need: list[FileEntry],
-                   answer: dict[str, object]) -> None:
-    """IntegrityError unless the receiver's answer lists every content of `need` as ok."""
-    ok = set(_str_list(answer.get("ok")))
-    bad = [e for e in need if e.sha256 not in ok]
-    if bad:
-        detail = answer.get("error") or "content differs from its sha256"
-        raise IntegrityError(
-            f"{host}: {len(bad)} file(s) did not arrive intact in {staging_dir} "
-            f"(e.g. {bad[0].path}): {detail}",
-            hint="re-run: verified files are kept, only the rest is sent again",
-        )
-
-
-def _write_tar(
-    writer: _PipeWriter,
-    need: list[FileEntry],
-    cache: BlobCache,
-    use_zstd: bool,
-    progress: ProgressSink,
-    task: int,
-    errors: list[BaseException],
-) -> None:
-    try:
-        if use_zstd:
-            _write_frames(writer, need, cache, progress, task)
-            return
-        sink: BinaryIO = writer  # type: ignore[assignment]
-        tar = tarfile.open(  # noqa: SIM115 - closed below, after the end marker
-            fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK
-        )
-        tar.copybufsize = CHUNK  # type: ignore[attr-defined]
-        for entry in need:
-            if writer.discard:
-                break
-            info = tarfile.TarInfo(entry.sha256)
-            info.size = entry.size
-            info.mode = 0o644
-            with cache.open(entry.sha256) as blob:
-                tar.addfile(info, _Counted(blob, lambda n: progress.advance(task, n)))  # type: ignore[arg-type]
-        end = tarfile.TarInfo("end")
-        tar.addfile(end)
-        tar.close()
-    except BaseException as exc:
-        errors.append(exc)
-    finally:
-        writer.close()
-
-
-def _header(name: str, size: int) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mode = 0o644
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-
-
-def _write_frames(writer: _PipeWriter, need: list[FileEntry], cache: BlobCache,
-                  progress: ProgressSink, task: int) -> None:
-    """The same tar as a run of zstd frames: each file's content is its cached frame as stored.
-
-    `zstd -d` on the target turns concatenated frames into the concatenation of their
-    contents, so the receiver reads an ordinary tar. Tar headers and padding go in small
-    frames of their own. Nothing is decompressed or compressed here: the bytes on the wire
-    are the cache's (densify.py makes them denser); the receiver hashes every file as before.
-    """
-    small = zstandard.ZstdCompressor(level=1)
-    pending = b""  # the previous file's padding and the next header, sent as one frame
-    for entry in need:
-        if writer.discard:
-            return
-        stored = cache.size(entry.sha256)
-        if stored != entry.size:
-            raise IntegrityError(f"blob {entry.sha256} in the cache holds {stored} bytes, "
-                                 f"the plan says {entry.size}")
-        writer.write(small.compress(pending + _header(entry.sha256, entry.size)))
-        with cache.path_for(entry.sha256).open("rb") as raw:
-            on_disk = os.fstat(raw.fileno()).st_size
-            sent = done = 0
-            while chunk := raw.read(CHUNK):
-                writer.write(chunk)
-                sent += len(chunk)
-                step = entry.size * sent // max(on_disk, 1) - done  # progress in file bytes
-                progress.advance(task, step)
-                done += step
-            progress.advance(task, entry.size - done)
-        pending = b"\0" * (-entry.size % tarfile.BLOCKSIZE)
-    end = pending + _header("end", 0) + b"\0" * (2 * tarfile.BLOCKSIZE)
-    writer.write(small.compress(end))
