@@ -26,11 +26,14 @@ from ddtree_deploy.service.render import (
     wrapper_command,
 )
 from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.settings.model import ServerSettings
 
 BASE = ServiceSpec(
     name="sglang-ddtree", host="localhost", venv="/opt/venv", gpus=(1,), port=30001,
-    model_path="/models/target", draft_model_path="/models/draft", algorithm="ddtree",
-    ddtree_budget=15, ddtree_topk=8, ld_library_path=("/opt/venv/lib",),
+    settings=ServerSettings.model_validate({
+        "model_path": "/models/target", "draft_model_path": "/models/draft",
+        "algorithm": "ddtree", "ddtree": {"budget": 15, "topk": 8}}),
+    ld_library_path=("/opt/venv/lib",),
 )
 INJECT = "\nExecStart=/usr/bin/touch /tmp/pwned\n"
 
@@ -95,6 +98,14 @@ CASES: list[tuple[str, str, object, str | None]] = [
 
 
 def _spec(field: str, value: object) -> ServiceSpec:
+    """BASE with one value changed; a server setting is changed WITHOUT validation, so that
+    what render itself refuses stays under test (ServerSettings refuses these values first:
+    tests/test_settings.py)."""
+    if field in ServerSettings.model_fields:
+        shaped = dict(value) if field == "environment" else (  # type: ignore[call-overload]
+            list(value) if field == "extra_args" else value)  # type: ignore[call-overload]
+        return dataclasses.replace(BASE, settings=BASE.settings.model_copy(
+            update={field: shaped}))
     return dataclasses.replace(BASE, **{field: value})
 
 
