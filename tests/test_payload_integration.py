@@ -116,7 +116,7 @@ def test_spec_info_registers_ddtree_as_dflash(upstream: Path, patched: Path) -> 
         ddtree.create_worker(types.SimpleNamespace(disable_overlap_schedule=False))
 
 
-def test_verify_snippets_light(patched: Path) -> None:
+def test_verify_snippets_light(patched: Path, upstream: Path) -> None:
     verify = yaml.safe_load((PAYLOAD / "payload.yaml").read_text())["verify"]
     results = {}
     for item in verify:
@@ -127,6 +127,11 @@ def test_verify_snippets_light(patched: Path) -> None:
     assert results["spec_info"] == {"loaded": "file", "ddtree": True, "dflash": True}
     assert results["server_flags"]["server_args_wired"] is True
     assert results["server_flags"]["budget"] == 8 and results["dflash_hook"]["hook"] is True
+    assert set(results["admission_hooks"]["hooked"].values()) == {True}  # all three routes
+    hooks = next(i for i in verify if i["name"] == "admission_hooks")
+    bare = subprocess.run([sys.executable, "-c", hooks["code"], str(upstream)],
+                          capture_output=True, text=True, check=False)
+    assert bare.returncode == 1  # upstream files: the check fails (the deploy rolls back)
     core = next(i for i in verify if i["name"] == "core")
     stub = "import sys,types\nm=types.ModuleType('sglang');m.__path__=[sys.argv[1]]\n"
     stub += "sys.modules['sglang']=m\n"
