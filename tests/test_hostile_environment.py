@@ -96,3 +96,31 @@ def test_the_cli_in_a_hostile_environment(tmp_path: Path, case: str, args: list[
         assert out in stdout
     assert hosts.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h\u00e9", "stderr"]
+
+
+def test_sigterm_at_any_moment_of_recommend_write_leaves_old_or_new_and_no_temporary(
+        tmp_path: Path) -> None:
+    """SIGTERM sent while `recommend --write --yes` runs, at moments spread over its run: the
+    hosts file is whole (the old text or the new), and no temporary is ever left."""
+    import signal
+    import time
+
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(HOSTS, encoding="utf-8")
+    old = hosts.read_bytes()
+    argv = [sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts), "bench",
+            "recommend", "--results", str(RECORDED), "--write", "svc", "--yes"]
+    seen = set()
+    for step in range(12):
+        hosts.write_bytes(old)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.1 * step)  # moments spread over the run; any outcome below is allowed
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert b"Traceback" not in err
+        text = hosts.read_bytes()
+        seen.add("old" if text == old else "new")
+        if text != old:
+            assert b"algorithm: ddtree" in text
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]
+    assert "old" in seen

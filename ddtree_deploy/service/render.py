@@ -270,6 +270,12 @@ def unit_command(spec: ServiceSpec) -> UnitCommand:
         )
     if spec.algorithm != "none" and not spec.draft_model_path:
         raise UnitRenderError(f"{what}: algorithm {spec.algorithm} needs a draft model path")
+    named = [("model path (model_path, --model-path)", spec.model_path),
+             ("draft model path (draft_model_path, --draft-model-path)", spec.draft_model_path)]
+    named += [(f"extra_args[{i}]", a) for i, a in enumerate(spec.extra_args)]
+    for what_field, value in named:
+        if value is not None:
+            _check_text(value, what_field)  # the field named before the argv is checked
     server = spec.command()  # settings.command: argv and environment per SGLang version
     args = list(server.args)
     _check_secret_flags(args)
