@@ -204,6 +204,7 @@ LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
                                                                   strict=True))
 
 # (case id, grid text, fragment)
+BUDGET = "configs[0].budget"
 GRID_CASES: list[tuple[str, str, str]] = [
     ("deep-nesting", "configs: " + "[" * 100 + "dflash" + "]" * 100 + "\n", "nested more than"),
     ("billion-laughs", LAUGHS + "configs: [dflash]\n", "more than 100000 nodes"),
@@ -211,10 +212,10 @@ GRID_CASES: list[tuple[str, str, str]] = [
     ("python-tag", "configs: !!python/object:os.system [x]\n", "tag"),
     ("time-limit-nan", "configs: [dflash]\ntime_limit_s: .nan\n", "time_limit_s: seconds"),
     ("time-limit-inf", "configs: [dflash]\ntime_limit_s: .inf\n", "time_limit_s: seconds"),
-    ("budget-inf", "configs:\n  - {algorithm: ddtree, budget: .inf, topk: 8}\n", "budget must"),
-    ("budget-string", "configs:\n  - {algorithm: ddtree, budget: '15', topk: 8}\n", "budget must"),
-    ("budget-float", "configs:\n  - {algorithm: ddtree, budget: 15.0, topk: 8}\n", "budget must"),
-    ("budget-bool", "configs:\n  - {algorithm: ddtree, budget: true, topk: 8}\n", "budget must"),
+    ("budget-inf", "configs:\n  - {algorithm: ddtree, budget: .inf, topk: 8}\n", BUDGET),
+    ("budget-string", "configs:\n  - {algorithm: ddtree, budget: '15', topk: 8}\n", BUDGET),
+    ("budget-float", "configs:\n  - {algorithm: ddtree, budget: 15.0, topk: 8}\n", BUDGET),
+    ("budget-bool", "configs:\n  - {algorithm: ddtree, budget: true, topk: 8}\n", BUDGET),
     ("name-dollar", "configs:\n  - {algorithm: dflash, name: '$x$'}\n", "name '$x$' must be"),
     ("name-newline", "configs:\n  - {algorithm: dflash, name: \"a\\n\"}\n", "must be letters"),
     ("configs-mapping", "configs: {dflash: 1}\n", "a non-empty list"),
