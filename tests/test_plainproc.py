@@ -120,3 +120,18 @@ def test_start_reports_a_missing_executable(tmp_path: Path) -> None:
         start(cmd, str(tmp_path / "log"))
     with pytest.raises(PlainProcError, match="log folder"):
         start(cmd, str(tmp_path / "missing" / "log"))
+
+
+def test_a_link_planted_where_the_log_goes_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("keep\n")
+    log = tmp_path / "server.log"
+    log.symlink_to(outside)
+    cmd = UnitCommand(argv=("/bin/true",), cwd=str(tmp_path))
+    with pytest.raises(PlainProcError, match="log file: .*server.log"):
+        start(cmd, str(log))
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    with pytest.raises(PlainProcError, match="log file: .*fifo.log"):  # never blocks on it
+        start(cmd, str(fifo))
+    assert outside.read_text() == "keep\n"

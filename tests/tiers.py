@@ -88,6 +88,7 @@ INTEGRATION_TESTS = frozenset({
     "test_overlay_plan.py::test_verify_reports_tampered_and_missing_files",
     "test_plainproc.py::test_start_detaches_into_its_own_group_and_stop_ends_the_group",
     "test_plainproc.py::test_start_reports_a_missing_executable",
+    "test_plainproc.py::test_a_link_planted_where_the_log_goes_is_not_followed",
     "test_plainproc.py::test_stop_kills_a_main_process_that_ignores_sigterm",
     "test_probe_elf.py::test_needed_and_rpath_of_a_built_object",
     "test_probe_elf.py::test_reads_only_pages_it_needs",

@@ -42,9 +42,18 @@ class PlainProcError(DeployError):
 # The launcher: start argv in a new session with the log as stdout/stderr, print its PID, exit
 # without waiting (the server is then reparented to init, or to the nearest subreaper).
 _LAUNCHER = r"""
-import json, os, subprocess, sys
+import json, os, stat, subprocess, sys
 spec = json.loads(sys.stdin.read())
-with open(os.devnull, "rb") as null, open(spec["log"], "ab", buffering=0) as log:
+try:  # the log is appended to, never through a link planted where it goes
+    fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                 | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(0, "not a regular file", spec["log"])
+    os.set_blocking(fd, True)
+except OSError as exc:
+    sys.stderr.write(f"log file: {exc.strerror or exc}: {spec['log']}\n")
+    os._exit(1)
+with open(os.devnull, "rb") as null, os.fdopen(fd, "ab", buffering=0) as log:
     try:
         p = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdin=null,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
