@@ -176,6 +176,7 @@ def test_story_ct200_venv_sglang_with_the_ddtree_deployment(dep: Deployment) -> 
         "deploy.lane-mismatch", "deploy.sglang-version", "deploy.no-dflash",
         "venv.flashinfer-mxfp8", "venv.soundfile-missing", "venv.pin-drift",
         "venv.xgrammar-structural-tag", "venv.flashinfer-sm12",
+        "deploy.open-endpoint",  # 0.0.0.0 and no API key (issue 30, item 6)
     ])  # fmt: skip
     severities = {f.id: f.severity for f in found}
     assert severities["venv.xgrammar-structural-tag"] == "info"  # --grammar-backend none
@@ -213,6 +214,9 @@ def test_story_ct129_dead_gpu1() -> None:
 def test_healthy_cu130_venv_has_no_errors(dep: Deployment) -> None:
     facts = ct200(venv_training(), venv_healthy())
     found = diagnose(facts, venv="/root/venv_sglang211", deployment=dep, model_facts=models())
+    assert ids(found) == ["deploy.open-endpoint", "model.fit"]  # 0.0.0.0 without a key: warned
+    keyed = dep.model_copy(update={"api_key_file": Path("/ws/key")})
+    found = diagnose(facts, venv="/root/venv_sglang211", deployment=keyed, model_facts=models())
     assert [f for f in found if f.severity != "info"] == []
     assert ids(found) == ["model.fit"]
     assert found[0].evidence["expected_hidden_width"] == 25_600

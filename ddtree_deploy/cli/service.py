@@ -128,7 +128,7 @@ def up(
     spec = build_spec(config, spec_host, facts, dep, settings, name=service_name, venv=venv,
                       force=force)
     with open_transport(config, spec_host) as t:  # the unit as apply's unit.install puts it
-        text, changed = install_unit(t, spec)
+        text, changed = install_unit(t, spec, dep)
         _drop_facts(spec_host)
         install.restart(t, spec.unit_name)
         err.print(f"{spec.unit_name} on {spec_host.name}: "

@@ -296,6 +296,13 @@ class Deployment(_Model, ServerSettings):
     cuda_lane: CudaLane
     sglang: SglangSpec
     payload: bool = True
+    # The endpoint (service/endpoint.py): the address the server binds (default 0.0.0.0,
+    # every interface), the user it runs as (default root), and its secrets, each read from
+    # a file on the workstation into a 0600 file on the host (never argv, unit or journal).
+    bind: Address | None = None
+    user: SshName | None = None
+    api_key_file: LocalPath | None = None
+    hf_token_file: LocalPath | None = None
 
     @property
     def service_name(self) -> str:

@@ -368,8 +368,28 @@ def venv_role(ctx: RuleContext) -> Iterable[Finding]:
     )  # fmt: skip
 
 
+def open_endpoint(ctx: RuleContext) -> Iterable[Finding]:
+    """The server listens on every interface and asks no API key: anyone who reaches it."""
+    dep = ctx.deployment
+    if dep is None or dep.api_key_file is not None:
+        return
+    bind = dep.bind or "0.0.0.0"
+    if bind not in ("0.0.0.0", "::", "[::]"):
+        return
+    yield Finding(
+        id="deploy.open-endpoint", severity="warning",
+        message=f"deployment {dep.name} listens on {bind} (every interface) without an API "
+        "key: anyone who can reach the port can use the model",
+        evidence={"bind": bind, "port": dep.port, "api_key_file": None},
+        remedy=f"set deployments.{dep.name}.api_key_file (a file on this workstation holding "
+        f"the key: it goes into a 0600 file SGLang reads with --config), or bind: 127.0.0.1 "
+        f"for local clients only; then {findings.apply(dep.host)}",
+    )  # fmt: skip
+
+
 # Rules about the host's resources (run once) and about the deployment's venv (per venv).
 # python_glibc runs with the deployment's venv when it exists, else with the host's Python.
 DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, tp_gpus, port_taken, ddtree_attention,
-                                       ddtree_verify_width, python_glibc, venv_role)
+                                       ddtree_verify_width, python_glibc, venv_role,
+                                       open_endpoint)
 DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, ddtree_payload)

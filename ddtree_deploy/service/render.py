@@ -32,6 +32,7 @@ import jinja2
 
 from ddtree_deploy.errors import ExitCode, UsageError
 from ddtree_deploy.resources import data_path
+from ddtree_deploy.service import endpoint
 from ddtree_deploy.service.libpath import ld_library_path
 from ddtree_deploy.service.spec import (
     DEPLOYMENT_KEY,
@@ -284,8 +285,16 @@ def unit_command(spec: ServiceSpec) -> UnitCommand:
     for arg in args:
         systemd_quote(arg)
     env = _environment(gpus, spec.ld_library_path, dict(server.env), server.plugin_env)
-    return UnitCommand(argv=(spec.python, "-m", "sglang.launch_server", *args), env=env,
-                       cwd=cwd)
+    stem = name
+    run: tuple[str, ...] = (spec.python, "-m", "sglang.launch_server")
+    if "api_key" in spec.secrets:  # the key in a 0600 file; the launcher hides it in the log
+        run = (spec.python, endpoint.launcher(stem))
+        args = [*args, "--config", endpoint.config_file(stem)]
+    if spec.user is not None:
+        _check_text(spec.user, "user")
+    return UnitCommand(argv=(*run, *args), env=env, cwd=cwd,
+                       env_file=endpoint.env_file(stem) if "hf_token" in spec.secrets else None,
+                       user=spec.user)
 
 
 def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
@@ -309,6 +318,8 @@ def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
         environment=[systemd_env(k, v) for k, v in command.env.items()],
         exec_lines=_exec_lines(command.argv[0], list(command.argv[1:])),
         syslog_identifier=name,
+        user=command.user,
+        environment_file=command.env_file,
     )
 
 

@@ -15,6 +15,7 @@ from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.rules.model_fit import draft_block_size
 from ddtree_deploy.rules.placement import FIRST_PORT, choose_gpu, choose_gpus, choose_port
+from ddtree_deploy.service.endpoint import DEFAULT_BIND
 from ddtree_deploy.service.libpath import ld_library_path as from_venv
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.settings.layers import Layer, Merged, merge
@@ -98,4 +99,8 @@ def build_spec(
         num_draft_tokens=block,
         ld_library_path=ld_library_path(facts, venv) if require_venv or _exists(facts, venv)
         else (),
+        bind_host=(d.bind if d and d.bind else DEFAULT_BIND),
+        user=d.user if d else None,
+        secrets=tuple(k for k, path in (("api_key", d.api_key_file),
+                                        ("hf_token", d.hf_token_file)) if path) if d else (),
     )

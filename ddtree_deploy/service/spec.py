@@ -35,18 +35,30 @@ class UnitCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = "/"
+    env_file: str | None = None  # EnvironmentFile= (secrets: read when the process starts)
+    user: str | None = None  # User= (None: whoever starts it)
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The process's environment: `base` (default: this process's) with the unit's on top."""
+        """The process's environment: `base` (default: this process's) with the unit's on top,
+        then its EnvironmentFile's (read here, as systemd reads it at each start)."""
         import os
 
         merged = dict(os.environ if base is None else base)
         merged.update(self.env)
+        if self.env_file is not None:
+            from ddtree_deploy.service.endpoint import read_env_file
+
+            merged.update(read_env_file(self.env_file))
         return merged
 
     def as_json(self) -> dict[str, object]:
-        return {"argv": list(self.argv), "environment": dict(self.env),
-                "working_directory": self.cwd}
+        out: dict[str, object] = {"argv": list(self.argv), "environment": dict(self.env),
+                                  "working_directory": self.cwd}
+        if self.env_file is not None:
+            out["environment_file"] = self.env_file  # its path: never its content
+        if self.user is not None:
+            out["user"] = self.user
+        return out
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,8 @@ class ServiceSpec:
     sglang_version: str | None = None  # the venv's SGLang (None: the payload's 0.5.11)
     num_draft_tokens: int | None = None  # the drafter's block size (16 for the -b16 drafters)
     ld_library_path: tuple[str, ...] = field(default_factory=tuple)  # venv's nvidia lib dirs
+    user: str | None = None  # the unit's User= (None: root)
+    secrets: tuple[str, ...] = ()  # which secret files it reads: "api_key", "hf_token"
 
     @property
     def unit_name(self) -> str:

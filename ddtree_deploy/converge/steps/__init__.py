@@ -263,8 +263,10 @@ def spec_digests(config: Config, host: HostSpec) -> dict[str, str]:
     """What a plan of `host` was made from in the hosts file, validated: each deployment on
     it (every field: port, budget, flags...) and the host's venvs, models and GPUs; a
     saved plan is refused when any of them differs."""
-    out = {d.name: _digest(d.model_dump(mode="json")) for d in config.deployments_on(host)}
-    out[HOST_KEY] = _digest(host.model_dump(mode="json", include={"venvs", "models", "gpus"}))
+    out = {d.name: _digest(d.model_dump(mode="json", exclude_none=True))
+           for d in config.deployments_on(host)}  # a new field left unset changes nothing
+    out[HOST_KEY] = _digest(host.model_dump(mode="json", include={"venvs", "models", "gpus"},
+                                            exclude_none=True))
     return out
 
 

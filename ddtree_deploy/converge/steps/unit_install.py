@@ -8,8 +8,9 @@ verified with systemd-analyze on the host, installed atomically (`service/instal
 from __future__ import annotations
 
 from ddtree_deploy import __version__
+from ddtree_deploy.config.schema import Deployment
 from ddtree_deploy.converge.steps import Acting, Planning, Step, StepKind, UnitParams
-from ddtree_deploy.service import install
+from ddtree_deploy.service import endpoint, install
 from ddtree_deploy.service.resolve import build_spec
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.transport.base import ExecTransport
@@ -24,11 +25,24 @@ def unit_text(spec: ServiceSpec) -> str:
     return render_unit(spec, tool_version=__version__)
 
 
-def install_unit(t: ExecTransport, spec: ServiceSpec) -> tuple[str, bool]:
-    """Render, verify and install the unit of `spec`: its text, and whether the file
-    changed."""
+def install_unit(t: ExecTransport, spec: ServiceSpec, deployment: Deployment | None = None
+                 ) -> tuple[str, bool]:
+    """Render, verify and install the unit of `spec` (its secret files first, from the
+    deployment's files on the workstation): its text, and whether the file changed."""
     text = unit_text(spec)
+    secrets = endpoint.read_secrets(deployment.api_key_file, deployment.hf_token_file,
+                                    deployment.name) if deployment else endpoint.Secrets()
+    endpoint.install_secrets(t, spec.name, secrets, spec.user)
     return text, install.install(t, spec.unit_name, text)
+
+
+def listens(spec: ServiceSpec) -> str:
+    """Where the service listens, said by plan: 0.0.0.0 is every interface."""
+    where = f"listens on {spec.bind_host}:{spec.port}"
+    if endpoint.is_open(spec.bind_host):
+        where += " (every interface" + ("" if "api_key" in spec.secrets else
+                                        ", no API key: anyone who reaches the port") + ")"
+    return where
 
 
 def plan(ctx: Planning) -> list[Step]:
@@ -37,7 +51,8 @@ def plan(ctx: Planning) -> list[Step]:
     spec = build_spec(ctx.config, ctx.host, ctx.facts, d, require_venv=False)
     if ctx.changed:
         return [ctx.step(KIND, unit, "rendered once the steps above are done (from the venv's "
-                                     "real library folders)", [f"install {spec.unit_path}"],
+                                     "real library folders)",
+                         [f"install {spec.unit_path} ({listens(spec)})"],
                          params=UnitParams(unit))]
     installed = ctx.state.units.get(unit)
     same = installed == unit_text(spec)
@@ -45,13 +60,14 @@ def plan(ctx: Planning) -> list[Step]:
     return [ctx.step(KIND, unit, "installed unit matches" if same else
                      ("no unit installed" if installed is None else "the unit differs"),
                      [] if same else [f"install {spec.unit_path} (GPU "
-                                      f"{','.join(map(str, spec.gpus))}, port {spec.port})"],
+                                      f"{','.join(map(str, spec.gpus))}, port {spec.port}; "
+                                      f"{listens(spec)})"],
                      satisfied=same, params=UnitParams(unit))]
 
 
 def act(ctx: Acting, step: Step) -> None:
     dep = ctx.config.deployment(step.deployment)
-    install_unit(ctx.t, build_spec(ctx.config, ctx.host, ctx.facts.current(), dep))
+    install_unit(ctx.t, build_spec(ctx.config, ctx.host, ctx.facts.current(), dep), dep)
 
 
 STEP = StepKind(KIND, UnitParams, act, plan=plan, marks_restart=True)

@@ -1,0 +1,200 @@
+"""The endpoint (issue 30, item 6): bind, service user, and secrets that never show.
+
+Unit: the unit renders `--host` from `bind:` (0.0.0.0 by default, and plan says what that
+means), `User=` from `user:`, the API key as `--config FILE` run through the launcher and
+HF_TOKEN as an EnvironmentFile=; no secret value reaches the spec, the unit or plan. A secret
+file that is missing or not one line is refused without its content.
+
+Integration: the secret files are written through the local transport with mode 0600, then
+the unit's own command runs as a plain process (as on the H200 host) in a venv whose `sglang`
+is a small stand-in shaped like SGLang's start-up: it reads --config, builds a ServerArgs
+dataclass and logs `server_args=...` as sglang/srt/entrypoints/engine.py does. The key is in
+neither /proc/PID/cmdline nor the log (the launcher shows it as '<hidden>'); HF_TOKEN reaches
+the process's environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from test_converge_plan import facts
+
+from ddtree_deploy.config.hosts import load_config
+from ddtree_deploy.converge.hoststate import HostState
+from ddtree_deploy.converge.planner import plan_host
+from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.resources import embedded_hosts_file
+from ddtree_deploy.service import endpoint
+from ddtree_deploy.service.plainproc import start, stop
+from ddtree_deploy.service.render import render_unit, unit_command
+from ddtree_deploy.service.resolve import build_spec
+from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.settings.model import ServerSettings
+from ddtree_deploy.transport.local import LocalTransport
+
+KEY = "sk-operator-test-3f1c9a"  # a made-up key: the assertions look for it everywhere
+TOKEN = "hf_operatorTestToken42"
+EXTRA = """    bind: 127.0.0.1
+    user: sglang
+    api_key_file: {key}
+    hf_token_file: {token}
+"""
+
+
+def hosts_file(tmp_path: Path, endpoint_fields: bool) -> Path:
+    text = embedded_hosts_file().read_text()
+    anchor = "    mem_fraction_static: 0.85\n"
+    assert anchor in text
+    (tmp_path / "key").write_text(KEY + "\n")
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    if endpoint_fields:
+        text = text.replace(anchor, anchor + EXTRA.format(key=tmp_path / "key",
+                                                          token=tmp_path / "token"))
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+def spec_of(tmp_path: Path, endpoint_fields: bool) -> tuple[ServiceSpec, str]:
+    config = load_config(hosts_file(tmp_path, endpoint_fields))
+    spec = build_spec(config, config.host("ct200"), facts(True),
+                      config.deployment("sglang-ddtree"))
+    return spec, render_unit(spec, tool_version="0")
+
+
+def test_default_binds_every_interface_and_plan_says_so(tmp_path: Path) -> None:
+    spec, unit = spec_of(tmp_path, False)
+    assert "--host 0.0.0.0" in unit and "User=" not in unit and "EnvironmentFile" not in unit
+    assert " -m sglang.launch_server" in unit and "--config" not in unit
+    config = load_config(hosts_file(tmp_path, False))
+    steps = plan_host(config, config.host("ct200"), facts(True), HostState())
+    (install,) = [s for s in steps if s.kind == "unit.install"]
+    assert "listens on 0.0.0.0:30001 (every interface, no API key" in install.changes[0]
+
+
+def test_bind_user_and_secrets_render_without_a_secret(tmp_path: Path) -> None:
+    spec, unit = spec_of(tmp_path, True)
+    stem = spec.name
+    assert spec.bind_host == "127.0.0.1" and spec.user == "sglang"
+    assert "--host 127.0.0.1" in unit and "\nUser=sglang\n" in unit
+    assert f"\nEnvironmentFile={endpoint.env_file(stem)}\n" in unit
+    assert f"--config {endpoint.config_file(stem)}" in unit
+    assert f"ExecStart={spec.python} {endpoint.launcher(stem)}" in unit
+    for text in (unit, repr(spec), str(unit_command(spec).as_json())):
+        assert KEY not in text and TOKEN not in text
+    config = load_config(hosts_file(tmp_path, True))
+    steps = plan_host(config, config.host("ct200"), facts(True), HostState())
+    assert not any(KEY in str(s.as_json()) or TOKEN in str(s.as_json()) for s in steps)
+    (install,) = [s for s in steps if s.kind == "unit.install"]
+    assert "listens on 127.0.0.1:30001" in install.changes[0]
+
+
+def test_a_bad_secret_file_is_refused_without_its_content(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="api_key_file: cannot read"):
+        endpoint.read_secrets(tmp_path / "nope", None, "d")
+    two = tmp_path / "two"
+    two.write_text(f"{KEY}\nsecond line\n")
+    with pytest.raises(ConfigError) as refused:
+        endpoint.read_secrets(two, None, "d")
+    assert KEY not in str(refused.value) and "one line" in str(refused.value)
+    one = tmp_path / "one"
+    one.write_text(f"  {KEY}  \n")
+    secrets = endpoint.read_secrets(one, None, "d")
+    assert secrets.api_key == KEY and repr(secrets) == "Secrets(api_key)"  # never the value
+
+
+# A stand-in of SGLang's start-up, shaped as 0.5.11's: `--config FILE` merged into argv
+# (server_args_config_parser.py: `key: value` lines become `--key value`), a ServerArgs
+# dataclass with api_key, and `logger.info(f"{server_args=}")` (entrypoints/engine.py).
+SERVER_ARGS = textwrap.dedent('''
+    import dataclasses
+    from typing import Optional
+
+    @dataclasses.dataclass
+    class ServerArgs:
+        model_path: str
+        host: str = "127.0.0.1"
+        port: int = 30000
+        api_key: Optional[str] = None
+''')
+LAUNCH = textwrap.dedent('''
+    import json, logging, os, sys, time
+    from sglang.srt.server_args import ServerArgs
+
+    def merged(argv):
+        if "--config" not in argv:
+            return argv
+        i = argv.index("--config")
+        extra = []
+        for line in open(argv[i + 1], encoding="utf-8"):
+            key, _, value = line.partition(":")
+            extra += ["--" + key.strip(), json.loads(value.strip())]
+        return extra + argv[:i] + argv[i + 2:]
+
+    args = merged(sys.argv[1:])
+    values = dict(zip(args[::2], args[1::2]))
+    server_args = ServerArgs(model_path=values["--model-path"], host=values["--host"],
+                             port=int(values["--port"]), api_key=values.get("--api-key"))
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("engine").info(f"{server_args=}")
+    print("HF_TOKEN sha256", __import__("hashlib").sha256(
+        os.environ.get("HF_TOKEN", "").encode()).hexdigest(), flush=True)
+    print("ready", flush=True)
+    while True:
+        time.sleep(1)
+''')
+
+
+def standin_venv(root: Path) -> Path:
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    (site / "sglang" / "srt").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    (site / "sglang" / "srt" / "__init__.py").write_text("")
+    (site / "sglang" / "srt" / "server_args.py").write_text(SERVER_ARGS)
+    (site / "sglang" / "launch_server.py").write_text(LAUNCH)
+    return venv
+
+
+@pytest.mark.integration
+def test_secrets_stay_out_of_argv_and_the_log(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(endpoint, "ROOT", str(tmp_path / "services"))
+    venv = standin_venv(tmp_path)
+    settings = ServerSettings.model_validate({"model_path": "/models/m"})
+    spec = ServiceSpec(name="sglang-keyed", host="localhost", venv=str(venv), gpus=(0,),
+                       port=30111, settings=settings, bind_host="127.0.0.1",
+                       secrets=("api_key", "hf_token"))
+    with LocalTransport() as t:
+        endpoint.install_secrets(t, spec.name, endpoint.Secrets(KEY, TOKEN), None)
+    for path in (endpoint.config_file(spec.name), endpoint.env_file(spec.name)):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    cmd = unit_command(spec)
+    log = tmp_path / "server.log"
+    pid = start(cmd, str(log), base_env={"PATH": os.environ["PATH"]})
+    try:
+        for _ in range(600):
+            if "ready" in log.read_text():
+                break
+            time.sleep(0.05)
+        text = log.read_text()
+        assert "ready" in text, text
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        assert "--config" in cmdline and not any(KEY in a for a in cmdline), cmdline
+        assert KEY not in text and "api_key='<hidden>'" in text, text
+        assert hashlib.sha256(TOKEN.encode()).hexdigest() in text  # HF_TOKEN reached it
+        assert TOKEN not in text
+    finally:
+        stop(pid, timeout=10)
+    with LocalTransport() as t:  # no secrets wanted any more: the folder goes
+        endpoint.install_secrets(t, spec.name, endpoint.Secrets(), None)
+    assert not Path(endpoint.folder(spec.name)).exists()
