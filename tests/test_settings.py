@@ -63,6 +63,8 @@ def flags(**values: Any) -> Any:
      ("ddtree", "topk"), "required with algorithm ddtree"),
     ({"algorithm": "dflash"}, ("draft_model_path",), "required with algorithm dflash"),
     ({"algorithm": "ddtree", "draft_model_path": "/d", "ddtree": {"budget": 15, "topk": 8},
+      "extra_args": ["--page-size", "16"]}, ("extra_args",), "DDTREE needs --page-size 1"),
+    ({"algorithm": "ddtree", "draft_model_path": "/d", "ddtree": {"budget": 15, "topk": 8},
       "attention_backend": "fa3"}, ("attention_backend",), "needs the triton attention backend"),
     ({"algorithm": "ddtree", "draft_model_path": "/d", "ddtree": {"budget": 15, "topk": 8},
       "extra_args": ["--decode-attention-backend", "flashinfer"]}, ("extra_args",),
@@ -169,7 +171,17 @@ def test_sglang_0_5_17_gets_ddtree_through_the_environment() -> None:
     assert not any("ddtree" in a for a in new.args)
     assert new.args[new.args.index("--speculative-algorithm") + 1] == "DDTREE"
     assert dict(new.plugin_env) == {PLUGIN_ENV["budget"]: "15", PLUGIN_ENV["topk"]: "8"}
-    assert [a for a in old.args if "ddtree" not in a and a not in ("15", "8")] == list(new.args)
+    # the plugin refuses a server without page size 1 and overlap off (the payload sets both)
+    assert [a for a in old.args if "ddtree" not in a and a not in ("15", "8")] + [
+        "--page-size", "1", "--disable-overlap-schedule"] == list(new.args)
+    bare = s.model_copy(update={"attention_backend": None})  # full tree, no backend named
+    args = server_command(bare, "0.5.17", port=1, bind_host="h", draft_tokens=16).args
+    assert args[args.index("--attention-backend") + 1] == "triton"
+    assert "--attention-backend" not in server_command(bare, "0.5.11", port=1, bind_host="h",
+                                                       draft_tokens=16).args
+    own = s.model_copy(update={"extra_args": ["--page-size=1", "--disable-overlap-schedule"]})
+    args = server_command(own, "0.5.17", port=1, bind_host="h", draft_tokens=16).args
+    assert args.count("--disable-overlap-schedule") == 1 and "--page-size" not in args
     assert (uses_plugin("0.5.11"), uses_plugin("0.5.17"), uses_plugin("0.5.23"),
             uses_plugin(None)) == (False, True, True, False)
 
@@ -195,6 +207,8 @@ def test_a_0_5_17_deployment_renders_the_plugin_s_variables(tmp_path: Path) -> N
     (["--attention-backend", "nonsense"], "--attention-backend: expected 'triton'"),
     (["--mem-fraction-static", "0"], "--mem-fraction-static: must be between 0 and 1"),
     (["--algorithm", "dflash", "--ddtree-topk", "4"], "--ddtree-topk: only allowed"),
+    (["--venv", "relative/venv"], "--venv: expected an absolute path on the host"),
+    (["--name", "x.service"], "--name: expected the unit name without '.service'"),
 ])
 def test_service_up_refuses_bad_flags_before_any_host(monkeypatch: pytest.MonkeyPatch,
                                                       args: list[str], message: str) -> None:

@@ -106,7 +106,7 @@ def up(
     from ddtree_deploy.converge.steps.service_probe import target_of
     from ddtree_deploy.converge.steps.unit_install import install_unit
     from ddtree_deploy.service import install
-    from ddtree_deploy.service.resolve import build_spec, settings_for
+    from ddtree_deploy.service.resolve import build_spec, check_service_flags, settings_for
     from ddtree_deploy.settings.layers import flag_layer
     from ddtree_deploy.transport.connect import open_transport
 
@@ -116,6 +116,7 @@ def up(
     if dep is not None and dep.host != spec_host.name:
         raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
     # the deployment, then the flags: merged and validated before any host is contacted
+    check_service_flags(dep, name=service_name, venv=venv)
     settings = settings_for(config, spec_host, dep, flag_layer({
         ("gpu",): gpu, ("port",): port, ("algorithm",): algorithm,
         ("model_path",): model_path, ("draft_model_path",): draft_model_path,

@@ -10,7 +10,10 @@ constructor of a ServiceSpec in the tool.
 
 from __future__ import annotations
 
+from pydantic import TypeAdapter, ValidationError
+
 from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
+from ddtree_deploy.config.schema import UnitStem
 from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.rules.model_fit import draft_block_size
@@ -19,10 +22,12 @@ from ddtree_deploy.service.endpoint import DEFAULT_BIND
 from ddtree_deploy.service.libpath import ld_library_path as from_venv
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.settings.layers import Layer, Merged, merge
-from ddtree_deploy.settings.model import DFLASH_BLOCK, HostFit
+from ddtree_deploy.settings.messages import english
+from ddtree_deploy.settings.model import DFLASH_BLOCK, HostFit, ServerSettings
+from ddtree_deploy.settings.values import RemotePath
 
-__all__ = ["FIRST_PORT", "build_spec", "choose_gpu", "choose_gpus", "choose_port",
-           "draft_block", "ld_library_path", "settings_for"]
+__all__ = ["FIRST_PORT", "build_spec", "check_service_flags", "choose_gpu", "choose_gpus",
+           "choose_port", "draft_block", "ld_library_path", "settings_for"]
 
 
 def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
@@ -45,6 +50,21 @@ def settings_for(config: Config, host: HostSpec, deployment: Deployment | None,
     """The server's settings: the host's default models, the deployment, then `flags`
     (each a layer), merged and validated (exit 2 on bad input; no host contacted)."""
     return merge(*config.settings_layers(host, deployment), *flags)
+
+
+def check_service_flags(deployment: Deployment | None, *, name: str | None,
+                        venv: str | None) -> None:
+    """`service up`'s --name and --venv, checked as hosts.yaml checks a deployment's service
+    and venv path, before any host is contacted (exit 2)."""
+    if venv is None and deployment is None:
+        raise UsageError("--venv PATH is needed without a deployment")
+    for flag, value, kind in (("--name", name, UnitStem), ("--venv", venv, RemotePath)):
+        if value is None:
+            continue
+        try:
+            TypeAdapter(kind).validate_python(value, strict=True)
+        except ValidationError as exc:
+            raise UsageError(f"{flag}: {english(exc.errors()[0], ServerSettings)}") from None
 
 
 def _exists(facts: Facts, venv: str) -> bool:

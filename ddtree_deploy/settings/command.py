@@ -4,7 +4,10 @@ SGLang 0.5.11 with the DDTree payload takes DDTree's settings as flags
 (``--speculative-ddtree-budget``, ``-topk``, ``-shadow-linear``). From 0.5.17 SGLang has no
 DDTree flags (its argparse would refuse them): the plugin registers the algorithm
 ``DDTREE`` and reads its budget, top-k and shadow-linear mode from environment variables
-(names agreed with the plugin: PLUGIN_ENV). Everything else is the same flags in both.
+(names agreed with the plugin: PLUGIN_ENV). The 0.5.11 payload settles page size 1, overlap
+off and (full tree, no backend named) triton itself; the plugin refuses a server without them,
+so from 0.5.17 a DDTREE server is given them (PLUGIN_REQUIRED) unless extra_args names its
+own. Everything else is the same flags in both.
 """
 
 from __future__ import annotations
@@ -13,10 +16,14 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy.settings.model import ServerSettings
+from ddtree_deploy.settings.model import ServerSettings, named_attention_backends
 
 PLUGIN_FROM = Version("0.5.17")  # the first SGLang the DDTree plugin serves (no payload flags)
 DEFAULT_SGLANG = "0.5.11"  # when the version is not known: the payload's release
+# What the plugin needs on the command line (it refuses a server without), unless extra_args
+# names the flag itself; the backend only in full-tree mode and when none is named.
+PLUGIN_REQUIRED: tuple[tuple[str, str | None], ...] = (
+    ("--page-size", "1"), ("--disable-overlap-schedule", None))
 PLUGIN_ENV = {
     "budget": "SGLANG_DDTREE_BUDGET",
     "topk": "SGLANG_DDTREE_TOPK",
@@ -71,8 +78,11 @@ def server_command(s: ServerSettings, sglang: str | None, *, port: int, bind_hos
                 args += ["--speculative-ddtree-topk", str(tree.topk)]
             if tree.shadow_linear:
                 args += ["--speculative-ddtree-shadow-linear"]
-    if s.attention_backend:
-        args += ["--attention-backend", s.attention_backend]
+    attention = s.attention_backend
+    if plugin and s.full_tree and not named_attention_backends(attention, s.extra_args):
+        attention = "triton"  # the plugin verifies the full tree with triton only
+    if attention:
+        args += ["--attention-backend", attention]
     if s.grammar_backend:
         args += ["--grammar-backend", s.grammar_backend]
     if s.sampling_backend:
@@ -83,5 +93,10 @@ def server_command(s: ServerSettings, sglang: str | None, *, port: int, bind_hos
         args += ["--context-length", str(s.context_length)]
     if not s.cuda_graph:
         args += ["--disable-cuda-graph"]
+    if plugin and s.algorithm == "ddtree":
+        named = {a.split("=", 1)[0] for a in s.extra_args}
+        for flag, given in PLUGIN_REQUIRED:
+            if flag not in named:
+                args += [flag] if given is None else [flag, given]
     return ServerCommand(tuple(args + list(s.extra_args)), tuple(sorted(s.environment.items())),
                          tuple(sorted(env.items())))

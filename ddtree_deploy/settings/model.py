@@ -123,6 +123,16 @@ def named_attention_backends(attention_backend: str | None,
 Problem = tuple[tuple[str | int, ...], str, Any]  # (field path, message, the value)
 
 
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value `args` give `flag` (`--flag V` or `--flag=V`), the last one; None if absent."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return found
+
+
 def _error(loc: tuple[str | int, ...], message: str, value: Any, kind: str = RULE,
            hint: str | None = None) -> InitErrorDetails:
     ctx: dict[str, Any] = {"error": message}
@@ -231,6 +241,11 @@ class ServerSettings(StrictModel):
         if not partial and self.algorithm != "none" and self.draft_model_path is None:
             errors.append((("draft_model_path",), f"required with algorithm "
                                  f"{self.algorithm} (the draft model)", None))
+        page = _flag_value(self.extra_args, "--page-size")
+        if self.algorithm == "ddtree" and page is not None and page != "1":
+            errors.append((("extra_args",), f"DDTREE needs --page-size 1 (accepted tree nodes "
+                           f"are not contiguous in the verify block), got --page-size {page}",
+                           page))
         if self.full_tree:
             others = {flag: value for flag, value in
                       named_attention_backends(self.attention_backend, self.extra_args).items()
