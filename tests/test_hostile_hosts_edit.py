@@ -204,6 +204,17 @@ def test_a_hard_linked_hosts_file_is_refused_not_split(tmp_path: Path) -> None:
     assert path.read_text() == TWO_SPACES
 
 
+def test_a_read_only_hosts_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(TWO_SPACES)
+    os.chmod(path, 0o444)
+    _, new = hostsedit.new_text(path, "svc", FLASH)
+    with pytest.raises(UsageError) as info:
+        hostsedit.write(path, new)
+    assert "read-only (mode 0444)" in str(info.value) and str(path) in str(info.value)
+    assert path.read_text() == TWO_SPACES
+
+
 def test_owner_and_mode_are_kept(tmp_path: Path) -> None:
     path = tmp_path / "hosts.yaml"
     path.write_text(TWO_SPACES)

@@ -94,6 +94,7 @@ CASES: list[tuple[str, str, object, str | None]] = [
     ("env-tool-name", "environment", (("LD_LIBRARY_PATH", "/x"),), "set by the tool"),
     ("name-trailing-newline", "name", "sglang\n", "not valid"),
     ("ld-dir-nel", "ld_library_path", ("/opt/lib\x85",), "U+0085"),
+    ("extra-huge", "extra_args", ("--x", "a" * 300_000), "longer than"),
 ]
 
 

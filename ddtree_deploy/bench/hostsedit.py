@@ -239,9 +239,13 @@ def write(path: Path, new: str) -> None:
 
     load_config(path, text=new.removeprefix("\ufeff"))  # ConfigError if the edit broke it
     try:
-        links = os.stat(path).st_nlink
+        st = os.stat(path)
     except OSError:
-        links = 1
+        st = None
+    links = st.st_nlink if st is not None else 1
+    if st is not None and not st.st_mode & 0o222:
+        raise UsageError(f"{path} is read-only (mode {st.st_mode & 0o7777:04o}); bench recommend "
+                         "does not replace it", hint="make it writable first (chmod u+w)")
     if links > 1:
         raise UsageError(f"{path} has {links} hard links: replacing it would leave the other "
                          "names with the old text", hint="edit it by hand, or make it a "

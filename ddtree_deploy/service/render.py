@@ -52,6 +52,7 @@ _SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")  # needs no quotes once % i
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _UNIT_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.-]{0,200}\Z")
 _EXEC_REFUSED = set("\"'\\")
+MAX_EXEC_CHARS = 256 * 1024  # systemd refuses a unit line over 1 MiB (LONG_LINE_MAX); far below
 # Names that say "this is a secret": a unit file is world-readable and `systemctl show`
 # prints Environment= to any user, so such values belong in a 0600 EnvironmentFile.
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
@@ -292,7 +293,12 @@ def unit_command(spec: ServiceSpec) -> UnitCommand:
         args = [*args, "--config", endpoint.config_file(stem)]
     if spec.user is not None:
         _check_text(spec.user, "user")
-    return UnitCommand(argv=(*run, *args), env=env, cwd=cwd,
+    argv = (*run, *args)
+    if sum(len(a) + 3 for a in argv) > MAX_EXEC_CHARS:
+        raise UnitRenderError(f"{what}: the command line is longer than {MAX_EXEC_CHARS} "
+                              "characters; systemd would not read a unit line that long",
+                              hint="shorten extra_args or the paths")
+    return UnitCommand(argv=argv, env=env, cwd=cwd,
                        env_file=endpoint.env_file(stem) if "hf_token" in spec.secrets else None,
                        user=spec.user)
 
