@@ -147,6 +147,17 @@ SAMPLING_RULES: dict[str, Rule] = {
     "regex": _refused(_GRAMMAR),
     "ebnf": _refused(_GRAMMAR),
     "structural_tag": _refused(_GRAMMAR),
+    # 0.5.17+: SamplingParams is a msgspec Struct; these are filled by its own normalisation
+    "stop_strs": _served("the normalised stop strings (" + _EXACT_STOP + ")"),
+    "stop_str_max_len": _served("the normalised stop strings (" + _EXACT_STOP + ")"),
+    "stop_regex_strs": _served("the normalised stop regexes (" + _EXACT_STOP + ")"),
+    "stop_regex_max_len": _served("the normalised stop regexes (" + _EXACT_STOP + ")"),
+    "is_normalized": _served("SGLang's own normalisation flag"),
+    # 0.5.23
+    "ebnf_full_assistant": _refused(_GRAMMAR),
+    "beam_width": _refused("beam search keeps several hypotheses per request; DDTREE verifies "
+                           "one"),
+    "watermark": _refused("a watermark biases the verify logits; " + _UNTESTED),
 }
 
 REQUEST_RULES: dict[str, Rule] = {
@@ -207,6 +218,28 @@ REQUEST_RULES: dict[str, Rule] = {
     "bootstrap_room": _refused(_UNTESTED + " (prefill-decode disaggregation)"),
     "bootstrap_pair_key": _refused(_UNTESTED + " (prefill-decode disaggregation)"),
     "decode_tp_size": _refused(_UNTESTED + " (prefill-decode disaggregation)"),
+    # 0.5.17+
+    "session_id": _served(_BOOK + " (it does not alter the prompt)"),
+    "return_prompt_token_ids": _served("echoes the prompt's ids"),
+    "max_thinking_tokens": _refused("ends the reasoning by a forced token; " + _UNTESTED),
+    "return_sampling_mask": _refused("the sampler's mask is not a plain decode's under DDTREE"),
+    "return_flat_raw_top_logprobs": _refused(_LOGPROB),
+    "return_flat_raw_top_logprobs_b64": _refused(_LOGPROB),
+    "return_indexer_topk": _refused(_UNTESTED),
+    "mm_hashes": _refused(_UNTESTED),
+    "mm_data_mooncake": _refused(_UNTESTED),
+    "encoder_urls": _refused(_UNTESTED),
+    "images_config": _refused(_UNTESTED),
+    # 0.5.23
+    "cache_salt": _served(_BOOK + " (a prefix-cache key)"),
+    "return_flat_raw_output_top_logprobs": _refused(_LOGPROB),
+    "sampling_logprobs_mode": _refused(_LOGPROB),
+    "watermark": _refused("a watermark biases the verify logits; " + _UNTESTED),
+    "kv_hints": _refused(_UNTESTED),
+    "mm_content_hashes": _refused(_UNTESTED),
+    "mm_processor_kwargs": _refused(_UNTESTED),
+    "video_config": _refused(_UNTESTED),
+    "token_indices_to_pool": _refused(_UNTESTED),
 }
 
 _UNKNOWN = "a field DDTREE does not know (fail closed: it may change the answer)"
