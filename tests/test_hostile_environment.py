@@ -98,6 +98,21 @@ def test_the_cli_in_a_hostile_environment(tmp_path: Path, case: str, args: list[
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h\u00e9", "stderr"]
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(HOSTS, encoding="utf-8")
+    reader, writer = os.pipe()
+    os.close(reader)  # `| head -c0`: the reader is gone before the first line
+    try:
+        done = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts),
+                               "bench", "recommend", "--results", str(RECORDED), "--json"],
+                              stdout=writer, stderr=subprocess.PIPE, timeout=120, check=False)
+    finally:
+        os.close(writer)
+    assert done.returncode == 1
+    assert b"Traceback" not in done.stderr and b"Broken pipe" not in done.stderr
+
+
 def test_sigterm_at_any_moment_of_recommend_write_leaves_old_or_new_and_no_temporary(
         tmp_path: Path) -> None:
     """SIGTERM sent while `recommend --write --yes` runs, at moments spread over its run: the

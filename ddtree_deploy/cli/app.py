@@ -153,7 +153,8 @@ def _output_lost(exc: OSError) -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
-    sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
+    if exc.errno != errno.EPIPE:  # the reader left (`| head`): nothing to say, as cat says nothing
+        sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
 
 
 def _standard_streams() -> bool:
