@@ -198,3 +198,17 @@ def test_secrets_stay_out_of_argv_and_the_log(tmp_path: Path,
     with LocalTransport() as t:  # no secrets wanted any more: the folder goes
         endpoint.install_secrets(t, spec.name, endpoint.Secrets(), None)
     assert not Path(endpoint.folder(spec.name)).exists()
+
+
+def test_the_probe_reads_where_the_unit_listens_and_its_key_file(tmp_path: Path) -> None:
+    """The probe asks the bound address (loopback for 0.0.0.0) and sends the key it reads on
+    the host from the unit's --config file: no key on the workstation."""
+    from ddtree_deploy.converge.steps.service_probe import target_of
+
+    spec, unit = spec_of(tmp_path, True)
+    keyed = target_of(unit, spec.unit_name, "ct200")
+    assert keyed is not None and keyed.addr == "127.0.0.1"
+    assert keyed.key_file == endpoint.config_file(spec.name)
+    spec, unit = spec_of(tmp_path, False)
+    plain = target_of(unit.replace("--host 0.0.0.0", "--host 10.1.2.3"), spec.unit_name, "h")
+    assert plain is not None and plain.addr == "10.1.2.3" and plain.key_file is None

@@ -9,6 +9,7 @@ The systemd path is exercised in the lab containers (ProbeTarget(unit=...), no p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -51,7 +52,15 @@ class H(BaseHTTPRequestHandler):
         self.send_response(code); self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
+    def refused(self):  # "auth": SGLang's API-key middleware (/health* always allowed)
+        if mode == "auth" and not self.path.startswith("/health") and \
+                self.headers.get("Authorization") != "Bearer sk-tiny":
+            self.send(401, b'{"error": "Unauthorized"}')
+            return True
+        return False
     def do_GET(self):
+        if self.refused():
+            return
         ready = mode != "never" and time.monotonic() - t0 >= warm
         if self.path == "/health":
             return self.send(200 if ready else 503)
@@ -59,6 +68,8 @@ class H(BaseHTTPRequestHandler):
             return self.send(200, json.dumps({"data": [{"id": "tiny-model"}]}).encode())
         self.send(404)
     def do_POST(self):
+        if self.refused():
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = body["sampling_params"]["max_new_tokens"]
         if mode == "bang":
@@ -269,3 +280,14 @@ def test_judge_generation_story_numbers() -> None:
 def test_bad_deadline_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         probe_service(LocalTransport(), ProbeTarget(port=1), deadline_s=0)
+
+
+def test_a_server_with_an_api_key_is_probed_with_it(procs: list[Proc], tmp_path: Path) -> None:
+    """The key is read on the host from the service's --config file (issue 30, item 6)."""
+    target = _tiny(procs, tmp_path, "auth")
+    refused, _ = _probe(target, 20)
+    assert refused.status == "unhealthy" and "401" in refused.reason  # type: ignore[attr-defined]
+    key = tmp_path / "server.yaml"
+    key.write_text('api-key: "sk-tiny"\n')
+    healthy, _ = _probe(dataclasses.replace(target, key_file=str(key)), 20)
+    assert healthy.status == "healthy", healthy.reason  # type: ignore[attr-defined]

@@ -121,7 +121,7 @@ class _Probe:
         t = self.target
         args = ["--port", str(t.port), "--addr", t.addr, "--budget", f"{budget:.3f}"]
         for flag, value in (("--unit", t.unit), ("--pid", t.pid), ("--log-file", t.log_file),
-                            ("--cursor", self.cursor)):
+                            ("--cursor", self.cursor), ("--key-file", t.key_file)):
             if value is not None:
                 args += [flag, str(value)]
         if self.http.model_id is None:

@@ -33,6 +33,7 @@ class ProbeTarget:
     deployment: str | None = None
     # True: the server takes input_ids only (--skip-tokenizer-init); None: ask /server_info
     input_ids: bool | None = None
+    key_file: str | None = None  # its --config file on the host: the probe sends its API key
 
     @classmethod
     def from_spec(cls, spec: ServiceSpec) -> ProbeTarget:

@@ -36,6 +36,19 @@ SHOW_PROPS = ("ActiveState", "SubState", "NRestarts", "ExecMainStatus", "ExecMai
 LOG_BYTES = 256 * 1024
 CURSOR_MARK = "-- cursor: "
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+_AUTH: dict = {}  # the Authorization header of a server with an API key (read_key)
+
+
+def read_key(path: str) -> str | None:
+    """The API key of the service's --config file (`api-key: "..."`, a JSON string), read
+    here on the host: the key never travels to the workstation or into any argv."""
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("api-key", "api_key"):
+                value = value.strip()
+                return str(json.loads(value)) if value.startswith('"') else value
+    return None
 
 
 def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
@@ -119,7 +132,8 @@ def pid_state(pid: int) -> dict[str, Any]:
 def _request(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, Any, Any]:
     """(status, headers, response) — the response is open; the caller reads and closes it."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data,
+                                 headers={"Content-Type": "application/json", **_AUTH})
     try:
         resp = _OPENER.open(req, timeout=max(timeout, 0.05))
     except urllib.error.HTTPError as exc:
@@ -361,6 +375,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gen-limit", type=float, default=20.0,
                    help="seconds for the rest of the generation after its first token")
     p.add_argument("--http-timeout", type=float, default=1.0)
+    p.add_argument("--key-file", help="the service's --config file: its API key is sent")
     p.add_argument("--budget", type=float, default=30.0)
     return p.parse_args(argv)
 
@@ -413,6 +428,10 @@ def poll(ns: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     ns = parse_args(argv)
+    if ns.key_file:
+        key = read_key(ns.key_file)
+        if key:
+            _AUTH["Authorization"] = "Bearer " + key
     sys.stdout.write(json.dumps(poll(ns)) + "\n")
     return 0
 

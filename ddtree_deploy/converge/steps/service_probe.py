@@ -40,9 +40,22 @@ def target_of(text: str, unit: str | None, host: str, port: int | None = None
     if port is None:
         return None
     ids = True if "--skip-tokenizer-init" in text else None  # the server takes input_ids
-    # the deployment it serves: remedies name it (`service up HOST DEPLOYMENT ...`)
+    bind = _flag(text, "--host")
+    # the deployment it serves: remedies name it (`service up HOST DEPLOYMENT ...`); the
+    # address it binds when that is one address (else loopback); its API key's file
     return ProbeTarget(port=port, unit=unit, host=host, input_ids=ids,
-                       deployment=_unit_key(text, DEPLOYMENT_KEY))
+                       deployment=_unit_key(text, DEPLOYMENT_KEY),
+                       addr=bind if bind and bind not in ("0.0.0.0", "::", "[::]") else
+                       "127.0.0.1", key_file=_flag(text, "--config"))
+
+
+def _flag(text: str, flag: str) -> str | None:
+    """The value of `flag` on the unit's ExecStart lines (one flag per line, as rendered)."""
+    for line in text.splitlines():
+        words = line.strip().rstrip("\\").split()
+        if len(words) >= 2 and words[0] == flag:
+            return words[1].strip('"')
+    return None
 
 
 def plan(ctx: Planning) -> list[Step]:
