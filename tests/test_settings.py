@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.config.hosts import load_config
+from ddtree_deploy.config.layers import settings_layers
 from ddtree_deploy.errors import ConfigError, ExitCode, RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file
@@ -128,7 +129,7 @@ def test_a_file_value_is_said_at_its_line_and_a_flag_can_make_it_wrong() -> None
                      lambda loc: 7)
     with pytest.raises(ConfigError, match=r"^hosts.yaml:7: deployments.x.attention_backend: "
                                           "full-tree DDTREE"):
-        merge(*config.settings_layers(host, dep), bad)
+        merge(*settings_layers(config, host, dep), bad)
     # the file's triton is fine; shadow-linear off is the file's: a backend flag is the problem
     with pytest.raises(UsageError, match="^--attention-backend"):
         settings_for(config, host, dep, flags(attention_backend="flashinfer"))

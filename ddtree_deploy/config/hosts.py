@@ -43,7 +43,6 @@ from ddtree_deploy.config.yamlload import (
 )
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.resources import embedded_hosts_file
-from ddtree_deploy.settings.layers import Layer, file_layer
 from ddtree_deploy.settings.messages import describe, english
 from ddtree_deploy.xdg import config_dir
 
@@ -73,26 +72,6 @@ class Config:
     def line_of(self, path: PathKey) -> int:
         """The line of a field of the file (1 when not known)."""
         return self._line_of(path) if self._line_of is not None else 1
-
-    def settings_layers(self, host: HostSpec, deployment: Deployment | None) -> list[Layer]:
-        """The layers of a server's settings this file gives: the host's default models, then
-        the deployment's fields (flags go on top: settings.layers.merge)."""
-        defaults: dict[tuple[str, ...], Any] = {}
-        if host.default_model is not None:
-            defaults[("model_path",)] = host.default_model
-        if "draft" in host.models:
-            defaults[("draft_model_path",)] = host.models["draft"]
-        where: PathKey = ("hosts", host.name, "models")
-
-        def locate(loc: tuple[Any, ...]) -> str:
-            at = _model_key(where, loc)
-            return f"{self.path}:{self.line_of(at)}: {'.'.join(map(str, at))}"
-
-        layers = [Layer(defaults, locate)]
-        if deployment is not None:
-            layers.append(file_layer(deployment.server_fields(), str(self.path),
-                                     ("deployments", deployment.name), self.line_of))
-        return layers
 
     def host(self, name: str) -> HostSpec:
         """The host called ``name``; ``localhost`` is always there (the workstation itself)."""
@@ -166,12 +145,6 @@ def load_config(path: Path | str, *, text: str | None = None) -> Config:
     With `text`, that text is validated as the file at `path` would be (relative paths
     from its folder, problems naming it): an edit checked before anything is written."""
     return _Loader(Path(path), text).run()
-
-
-def _model_key(where: PathKey, loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """hosts.NAME.models.default for a host's default target, .draft for its drafter."""
-    key = {"model_path": "default", "draft_model_path": "draft"}.get(str(loc[0]) if loc else "")
-    return (*where, key) if key else where
 
 
 def _clone_path(host: str, venv: str) -> PathKey:

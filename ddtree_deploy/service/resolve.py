@@ -13,6 +13,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter, ValidationError
 
 from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
+from ddtree_deploy.config.layers import settings_layers
 from ddtree_deploy.config.schema import UnitStem
 from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts
@@ -49,7 +50,7 @@ def settings_for(config: Config, host: HostSpec, deployment: Deployment | None,
                  *flags: Layer) -> Merged:
     """The server's settings: the host's default models, the deployment, then `flags`
     (each a layer), merged and validated (exit 2 on bad input; no host contacted)."""
-    return merge(*config.settings_layers(host, deployment), *flags)
+    return merge(*settings_layers(config, host, deployment), *flags)
 
 
 def check_service_flags(deployment: Deployment | None, *, name: str | None,
