@@ -67,7 +67,7 @@ INTEGRATION_MODULES = frozenset({
     # an HTTP server (a thread) that stalls for real, seconds at a time
     "test_health_stall.py",
     # SGLang's real sampler and request fields, read from its wheel
-    "test_ddtree_sampling_sglang.py", "test_request_contract.py",
+    "test_ddtree_sampling_sglang.py", "test_request_contract.py", "test_sliding_window_refusal.py",
     # the request-parameter phase against fake servers (HTTP servers in threads)
     "test_rehearsal_request_params.py",
 })
