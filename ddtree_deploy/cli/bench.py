@@ -43,6 +43,15 @@ def _facts(config: Any, spec: Any, venvs: list[str]) -> Any:
     return outcome.value
 
 
+def _file_name(value: str | None, flag: str) -> Path | None:
+    """A file named on the command line; an empty name is a usage error, not the folder '.'."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError(f"{flag} {value!r}: expected a file name")
+    return Path(value).expanduser()
+
+
 def _say(text: str) -> None:
     from ddtree_deploy.cli.text import plain
 
@@ -55,7 +64,7 @@ def run(
     host: str = typer.Argument(..., help="a host of the hosts file (localhost: this machine)"),
     deployment: str = typer.Argument(None, help="the deployment to bench (default: the host's "
                                                 "only one)"),
-    grid_file: Path = typer.Option(None, "--grid", metavar="FILE",
+    grid_name: str = typer.Option(None, "--grid", metavar="FILE",
                                    help="a YAML grid (benchmarks/grids/*.yaml); overrides the "
                                         "grid flags below"),
     configs: str = typer.Option(DEFAULT_CONFIGS, "--configs",
@@ -74,8 +83,8 @@ def run(
     mode: str = typer.Option("auto", "--mode",
                              help="auto | systemd | plain (a plain process with a log file, "
                                   "for hosts without systemd; this machine only)"),
-    results_file: Path = typer.Option(None, "--results", metavar="FILE",
-                                      help="results JSON (default: the XDG state folder)"),
+    results_name: str = typer.Option(None, "--results", metavar="FILE",
+                                     help="results JSON (default: the XDG state folder)"),
     label: str = typer.Option(None, "--label", help="a note kept with the results, e.g. "
                                                     "'synthetic: dummy weights'"),
     deadline: float = typer.Option(900.0, "--deadline", min=1,
@@ -102,6 +111,8 @@ def run(
     from ddtree_deploy.transport import Command
     from ddtree_deploy.transport.connect import open_transport
 
+    grid_file = _file_name(grid_name, "--grid")
+    results_file = _file_name(results_name, "--results")
     if mode not in ("auto", "systemd", "plain"):
         raise UsageError(f"--mode must be auto, systemd or plain, got {mode!r}")
     if prompts not in ("ids", "text", "auto"):
@@ -244,7 +255,7 @@ def report(
     ctx: typer.Context,
     host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
     deployment: str = typer.Argument(None),
-    results_file: Path = typer.Option(None, "--results", metavar="FILE"),
+    results_name: str = typer.Option(None, "--results", metavar="FILE"),
     out_dir: str = typer.Option(None, "--out", metavar="DIR",
                                 help="default: a report/ folder beside the results (made if "
                                      "missing)"),
@@ -254,7 +265,7 @@ def report(
     from ddtree_deploy.bench.report import build_report, out_folder
     from ddtree_deploy.bench.results import Results
 
-    path = _results_path(ctx, results_file, host, deployment)
+    path = _results_path(ctx, _file_name(results_name, "--results"), host, deployment)
     folder = out_folder(out_dir, path.parent / "report")
     results = Results.load(path)
     made = build_report(results, folder)
@@ -273,7 +284,7 @@ def recommend_cmd(
     ctx: typer.Context,
     host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
     deployment: str = typer.Argument(None),
-    results_file: Path = typer.Option(None, "--results", metavar="FILE"),
+    results_name: str = typer.Option(None, "--results", metavar="FILE"),
     write: str = typer.Option(None, "--write", metavar="DEPLOYMENT",
                               help="write the overall choice into this deployment of the hosts "
                                    "file (a diff is shown first)"),
@@ -288,7 +299,7 @@ def recommend_cmd(
     from ddtree_deploy.bench.results import Results
     from ddtree_deploy.bench.summary import fold
 
-    path = _results_path(ctx, results_file, host, deployment)
+    path = _results_path(ctx, _file_name(results_name, "--results"), host, deployment)
     try:
         rec = recommend(fold(Results.load(path)))
     except NoDflash as exc:
