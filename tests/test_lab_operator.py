@@ -85,3 +85,59 @@ def test_hosts_check_shows_the_dead_gpu(lab: Config) -> None:
     r = cli(lab.path, "hosts", "check", "ct129")
     assert r.returncode == 0, r.stderr
     assert "GPU1: DEAD (Unknown Error)" in r.stdout and " GPU0: " in r.stdout, r.stdout
+
+
+KEY = "sk-lab-operator-5b7e21"  # made up: looked for everywhere it must not be
+TOKEN = "hf_labOperatorToken77"
+KEYED = """
+  keyed-operator:
+    host: ct129
+    venv: ml-env
+    cuda_lane: cu130
+    sglang:
+      version: 0.5.11
+    payload: false
+    gpu: 0
+    port: 30077
+    algorithm: dflash
+    bind: 127.0.0.1
+    api_key_file: {key}
+    hf_token_file: {token}
+"""
+
+
+def test_secrets_reach_the_server_and_nothing_else(lab: Config, tmp_path: Path) -> None:
+    """Item 6 on real systemd: the key in a 0600 --config file and HF_TOKEN in a 0600
+    EnvironmentFile; neither in the unit, /proc/PID/cmdline, the journal or the CLI's
+    output; the service's own environment has HF_TOKEN; the probe gets through."""
+    (tmp_path / "key").write_text(KEY + "\n")
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(lab.path.read_text().rstrip("\n") + "\n" + KEYED.format(
+        key=tmp_path / "key", token=tmp_path / "token"))
+    base = "/etc/ddtree-deploy/services/keyed-operator"
+    try:
+        up = cli(hosts, "service", "up", "ct129", "keyed-operator", "--deadline", "120")
+        assert up.returncode == 0, up.stdout + up.stderr
+        unit = sh(lab, "ct129", "cat /etc/systemd/system/keyed-operator.service")
+        assert f"EnvironmentFile={base}/environment" in unit
+        assert f"--config {base}/server.yaml" in unit and f"{base}/serve.py" in unit
+        assert "--host 127.0.0.1" in unit
+        modes = sh(lab, "ct129", f"stat -c '%a %U %n' {base}/server.yaml {base}/environment")
+        assert modes.split("\n")[:2] == [f"600 root {base}/server.yaml",
+                                         f"600 root {base}/environment"], modes
+        pid = sh(lab, "ct129", "systemctl show -p MainPID --value keyed-operator").strip()
+        cmdline = sh(lab, "ct129", f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+        environ = sh(lab, "ct129", f"tr '\\0' '\\n' < /proc/{pid}/environ")
+        journal = sh(lab, "ct129", "journalctl -u keyed-operator --no-pager -o cat")
+        shown = sh(lab, "ct129", "systemctl show keyed-operator")
+        probe = cli(hosts, "probe", "ct129", "keyed-operator", "--json")
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        assert "--config" in cmdline and f"HF_TOKEN={TOKEN}" in environ.splitlines()
+        for where, text in (("unit", unit), ("cmdline", cmdline), ("journal", journal),
+                            ("systemctl show", shown), ("service up", up.stdout + up.stderr),
+                            ("probe", probe.stdout + probe.stderr)):
+            assert KEY not in text and TOKEN not in text, where
+    finally:
+        cli(hosts, "service", "down", "ct129", "keyed-operator", "--remove")
+    assert sh(lab, "ct129", f"test -e {base} && echo left || echo gone").strip() == "gone"

@@ -85,8 +85,11 @@ def down(t: ExecTransport, unit: str, *, remove: bool = False) -> bool:
     if text is None:
         return False
     _systemctl(t, "disable", "--now", unit)
-    if remove:
-        t.run(Command.of("rm", "-f", f"{UNIT_DIR}/{unit}", sudo=True), timeout=30).check()
+    if remove:  # the unit and its secret files (service/endpoint.py)
+        from ddtree_deploy.service.endpoint import folder
+
+        t.run(Command.of("rm", "-rf", "--", f"{UNIT_DIR}/{unit}",
+                         folder(unit.removesuffix(".service")), sudo=True), timeout=30).check()
         _systemctl(t, "daemon-reload")
         _systemctl(t, "reset-failed", unit, check=False)
     return True
