@@ -154,7 +154,7 @@ def test_the_probe_reports_the_payload_and_whether_it_is_intact(tmp_path: Path,
         ops.deploy(t, str(venv), m, folder)
     got = payload_state(str(venv))
     assert got == {"payload": "ddtree", "version": m.version, "digest": m.digest(folder, "0.5.11"),
-                   "intact": True, "error": None}
+                   "intact": True, "error": None, "form": "patch", "sglang": "0.5.11"}
     (package(venv) / WORKER).write_text("changed\n")
     assert payload_state(str(venv))["intact"] is False  # type: ignore[index]
     (venv / ".ddtree-deploy/payload.json").write_text("[]")

@@ -528,6 +528,22 @@ def test_ddtree_payload_missing_and_not_dflash(dep: Deployment) -> None:
         ct200(plain), venv=plain.path, deployment=dflash, model_facts=None)))  # fmt: skip
 
 
+def test_a_declared_release_outside_the_payload_matrix(dep: Deployment) -> None:
+    from ddtree_deploy.rules.matrix import shipped_matrix
+
+    matrix = shipped_matrix()
+    moved = dep.model_copy(update={"sglang": dep.sglang.model_copy(update={"version": "0.5.12"})})
+    f = only(diagnose(ct200(venv_healthy()), venv="/root/venv_sglang211", deployment=moved,
+                      model_facts=None), "payload.sglang-unsupported")
+    assert "does not support sglang 0.5.12" in f.message and matrix.listing() in f.message
+    assert f.evidence["patch"] == ["0.5.11"]
+    assert "payload.sglang-unsupported" not in ids(diagnose(
+        ct200(venv_healthy()), venv="/root/venv_sglang211", deployment=dep, model_facts=None))
+    plain = moved.model_copy(update={"payload": False})
+    assert "payload.sglang-unsupported" not in ids(diagnose(
+        ct200(venv_healthy()), venv="/root/venv_sglang211", deployment=plain, model_facts=None))
+
+
 def test_ddtree_attention_backend(dep: Deployment) -> None:
     fa3 = dep.model_copy(update={"attention_backend": "fa3"})
     f = only(diagnose(ct200(), venv=None, deployment=fa3, model_facts=None),

@@ -16,6 +16,9 @@ out = console(soft_wrap=True)
 
 VENV = typer.Option(..., "--venv", help="the venv on the host (a path)")
 PAYLOAD = typer.Option(None, "--payload", help="a payload folder (default: the built-in one)")
+INSTALLER = typer.Option("auto", "--installer",
+                         help="the plugin form's installer: uv (pushed where the host has none), "
+                              "the venv's own pip (--no-index --no-deps), or auto (uv, else pip)")
 
 
 def _manifest(folder: Path | None):
@@ -27,13 +30,21 @@ def _manifest(folder: Path | None):
     return manifest, root
 
 
+def _find_uv(t) -> str:
+    """uv on the host for the plugin form: the host's own, else the pinned one pushed."""
+    from ddtree_deploy.converge.steps._install_uv import ensure_uv
+
+    return ensure_uv(t, sudo=False)
+
+
 def _render(outcome, as_json: bool) -> None:
     if as_json:
         print_json(out, asdict(outcome))
         return
     was = f", was {outcome.previous}" if outcome.previous else ""
+    what = "plugin" if outcome.form == "plugin" else "payload"
     out.print(plain(f"{outcome.venv}: {outcome.action} (sglang {outcome.sglang or '?'}, "
-                    f"payload {outcome.payload or '-'}{was})"), markup=False, highlight=False)
+                    f"{what} {outcome.payload or '-'}{was})"), markup=False, highlight=False)
     for note in outcome.notes:
         out.print(plain(f"  note: {note}"), markup=False, highlight=False)
     for c in outcome.checks:
@@ -49,8 +60,10 @@ def _fail_on_checks(outcome) -> None:
 
 @app.command("deploy")
 def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV,
-           payload: Path = PAYLOAD, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Install the payload on the venv's sglang (refused unless its upstream files match)."""
+           payload: Path = PAYLOAD, installer: str = INSTALLER,
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Install the payload in the form the venv's sglang takes: the patch set on 0.5.11 (refused
+    unless its upstream files match), the plugin wheel on 0.5.17+; other versions refused."""
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.payload import deploy as ops
     from ddtree_deploy.transport.connect import open_transport
@@ -58,9 +71,14 @@ def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
     config = config_of(ctx)
     spec = config.host(host)
     refuse_write(spec, venv, "payload deploy")
+    if installer not in ("auto", "uv", "pip"):
+        from ddtree_deploy.errors import UsageError
+
+        raise UsageError(f"--installer: expected auto, uv or pip, got {installer!r}")
     manifest, folder = _manifest(payload)
     with open_transport(config, spec) as t:
-        outcome = ops.deploy(t, venv, manifest, folder)
+        outcome = ops.deploy(t, venv, manifest, folder, installer,  # type: ignore[arg-type]
+                             find_uv=_find_uv)
     FactsCache().drop(spec)
     _render(outcome, as_json)
     _fail_on_checks(outcome)
@@ -102,7 +120,7 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
     spec = config.host(host)
     refuse_write(spec, venv, "payload rollback")
     with open_transport(config, spec) as t:
-        outcome = ops.rollback(t, venv)
+        outcome = ops.rollback(t, venv, find_uv=_find_uv)
     FactsCache().drop(spec)
     _render(outcome, as_json)
 
@@ -140,8 +158,8 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
         elif "error" in st:
             add_row(table, venv, cell(st["error"], "red"), "", "")
         else:
-            add_row(table, venv, f"{st['payload']} {st['version']}", st.get("sglang", "?"),
-                    st.get("backup", ""))
+            add_row(table, venv, f"{st['payload']} {st['version']} ({st.get('form', 'patch')})",
+                    st.get("sglang", "?"), st.get("backup") or "(plugin: no backup)")
     out.print(table)
     if failed:  # a venv that is not one, or whose state cannot be read, is not a status
         raise typer.Exit(1)

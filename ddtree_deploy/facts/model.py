@@ -107,6 +107,8 @@ class PayloadInfo(BaseModel):
     digest: str | None = None  # what it installed, as one hash (None: an earlier tool's state)
     intact: bool | None = None  # its files are still the bytes it installed
     error: str | None = None  # the state could not be read
+    form: str = "patch"  # patch (files in sglang) | plugin (a distribution SGLang loads)
+    sglang: str | None = None  # the sglang version it was made for
 
 
 class SglangInfo(BaseModel):

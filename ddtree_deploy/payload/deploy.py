@@ -24,13 +24,15 @@ import base64
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddtree_deploy.errors import ConfigError, DeployError, RefusedError, RemoteCommandError
+from ddtree_deploy.payload import plugin
 from ddtree_deploy.payload.lock import VenvLock
 from ddtree_deploy.payload.manifest import Manifest, Support, read_file, read_text
+from ddtree_deploy.payload.outcome import Outcome, StepResult
 from ddtree_deploy.payload.patching import apply_patch
 from ddtree_deploy.payload.state import (
     PayloadRefused,
@@ -39,27 +41,9 @@ from ddtree_deploy.payload.state import (
     parse_state,
     python_of,
 )
+from ddtree_deploy.rules.matrix import load_matrix
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
-
-
-@dataclass
-class StepResult:
-    name: str
-    mode: str
-    status: str  # passed | failed | skipped
-    detail: str
-
-
-@dataclass
-class Outcome:
-    venv: str
-    action: str  # deployed | upgraded | repaired | unchanged | rolled back | nothing to ...
-    sglang: str | None = None
-    payload: str | None = None
-    checks: list[StepResult] = field(default_factory=list)
-    previous: str | None = None  # upgraded: the version that was there
-    notes: list[str] = field(default_factory=list)  # what the lock found and undid
 
 
 def _shape(found: dict[str, Any], venv: str, host: str) -> dict[str, Any]:
@@ -82,8 +66,9 @@ def locate(t: ExecTransport, venv: str, package: str, rels: list[str],
                   t.host)
 
 
-def installed(t: ExecTransport, venv: str) -> tuple[dict[str, Any], PayloadState | None]:
-    found = locate(t, venv, "sglang", [])
+def installed(t: ExecTransport, venv: str, dist: str | None = None
+              ) -> tuple[dict[str, Any], PayloadState | None]:
+    found = locate(t, venv, "sglang", [], plugin={"dist": dist} if dist else None)
     return found, parse_state(found, venv, t.host)
 
 
@@ -190,12 +175,73 @@ def all_targets(manifest: Manifest) -> list[str]:
     return sorted({rel for v in manifest.sglang for rel in manifest.targets(v)})
 
 
-def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path) -> Outcome:
-    """The payload onto the venv, under the venv's lock (see the module's text)."""
+def deploy(t: ExecTransport, venv: str, manifest: Manifest, folder: Path,
+           installer: plugin.Installer = "auto", find_uv: plugin.FindUv | None = None
+           ) -> Outcome:
+    """The payload onto the venv in the form its sglang takes (the patch set or the plugin),
+    under the venv's lock (see the module's text)."""
+    matrix = load_matrix(folder, list(manifest.sglang))
     with VenvLock(t, venv, all_targets(manifest)) as lock:
-        out = _deploy(t, venv, manifest, folder, lock)
-    out.notes = _notes(lock) + out.notes
+        found, state = installed(t, venv)
+        version = found["version"]
+        form = matrix.form(version)
+        if form is None:
+            raise PayloadRefused(f"{venv} on {t.host}: {matrix.refusal(version)}")
+        notes = _retire(t, venv, state, version, form, lock, find_uv)
+        if form == "plugin":
+            out = _deploy_plugin(t, venv, folder, lock, version, installer, find_uv)
+        else:
+            out = _deploy(t, venv, manifest, folder, lock)
+    out.notes = _notes(lock) + notes + out.notes
     return out
+
+
+def _retire(t: ExecTransport, venv: str, state: PayloadState | None, version: str,
+            form: str, lock: VenvLock, find_uv: plugin.FindUv | None) -> list[str]:
+    """A payload made for another sglang (the venv's sglang was reinstalled) or another form
+    is taken off first: the plugin uninstalled, or the patch set's own leftovers removed
+    (never a file the new sglang lists) with its backup of the old version's originals."""
+    if state is None or (state.sglang == version and state.form == form):
+        return []
+    was = f"{state.form} {state.payload} {state.version} for sglang {state.sglang}"
+    if state.form == "plugin":
+        plugin.remove(t, venv, state.dist or state.payload, lock, find_uv=find_uv)
+        return [f"the {was} was uninstalled (the venv's sglang is {version} now)"]
+    if state.sglang == version:
+        raise PayloadRefused(f"{venv} on {t.host}: sglang {version} holds the patch set; "
+                             "roll it back first")
+    got = call(t, venv, "retire", package=state.package, lock=lock.token,
+               package_dir=state.package_dir, backup=state.backup, files=state.files)
+    removed = got.get("removed") or []
+    return [f"the {was} was retired (the venv's sglang is {version} now): "
+            f"{len(removed)} of its files removed, its backup dropped"]
+
+
+def _deploy_plugin(t: ExecTransport, venv: str, folder: Path, lock: VenvLock, version: str,
+                   installer: plugin.Installer, find_uv: plugin.FindUv | None) -> Outcome:
+    wheel = plugin.build_wheel(folder)
+    found, state = installed(t, venv, dist=wheel.dist)
+    have = found.get("plugin") or {}
+    intact = state is not None and all(have.get("files", {}).get(rel) == h
+                                       for rel, h in state.files.items())
+    if plugin.same(state, wheel, version) and intact and have.get("version") == wheel.version:
+        out = Outcome(venv, "unchanged", version, wheel.version, form="plugin")
+        out.checks = verify(t, venv, None, found["package_dir"] or "", torch=found["torch"],
+                            state=state)
+        return out
+    kind = plugin.install(t, venv, wheel, lock, version, installer, find_uv)
+    _, now = installed(t, venv)
+    checks = verify(t, venv, None, "", torch=found["torch"], state=now)
+    failed = [c for c in checks if c.status == "failed"]
+    if failed:
+        plugin.remove(t, venv, wheel.dist, lock, installer, find_uv)
+        raise DeployError(f"payload verify failed on {venv}: " + "; ".join(
+            f"{c.name}: {c.detail}" for c in failed) + " (the plugin was uninstalled)")
+    action = "deployed" if state is None or state.form != "plugin" else "upgraded"
+    previous = None if action == "deployed" or state is None else \
+        _label(state.payload, state.version, state.digest)
+    return Outcome(venv, action, version, wheel.version, checks, previous=previous,
+                   form="plugin", notes=[f"installed with {kind}"])
 
 
 def _notes(lock: VenvLock) -> list[str]:
@@ -290,10 +336,21 @@ def files_check(t: ExecTransport, venv: str, state: PayloadState) -> StepResult:
                       f"{len(state.files)} files match the sha256 recorded at deploy")
 
 
-def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: bool,
+def verify(t: ExecTransport, venv: str, manifest: Manifest | None, pkg: str, *, torch: bool,
            state: PayloadState | None = None) -> list[StepResult]:
-    """The recorded digests (with `state`), then the manifest's checks."""
+    """The recorded digests (with `state`), then the form's checks: the manifest's snippets
+    for the patch set, the plugin's own check and sglang's RECORD for the plugin."""
     results = [files_check(t, venv, state)] if state is not None else []
+    if state is not None and state.form == "plugin":
+        missing = full_stack(t, venv, torch)
+        results += [StepResult(*c) for c in plugin.plugin_checks(t, venv, full=missing is None)]
+        if missing:
+            results.append(StepResult("plugin_import", "full", "skipped",
+                                      f"{missing}: only the plugin's light check (SGLang's "
+                                      "files read, not imported) was made"))
+        return results
+    if manifest is None:
+        return results
     missing = full_stack(t, venv, torch) if any(s.mode == "full" for s in manifest.verify) \
         else None
     for step in manifest.verify:
@@ -310,18 +367,23 @@ def verify(t: ExecTransport, venv: str, manifest: Manifest, pkg: str, *, torch: 
     return results
 
 
-def rollback(t: ExecTransport, venv: str, manifest: Manifest | None = None) -> Outcome:
-    """Every upstream file back, under the venv's lock."""
+def rollback(t: ExecTransport, venv: str, manifest: Manifest | None = None,
+             find_uv: plugin.FindUv | None = None) -> Outcome:
+    """Every upstream file back (the plugin uninstalled), under the venv's lock."""
     with VenvLock(t, venv, all_targets(manifest) if manifest else []) as lock:
-        out = _rollback(t, venv, lock)
+        out = _rollback(t, venv, lock, find_uv)
     out.notes = _notes(lock) + out.notes
     return out
 
 
-def _rollback(t: ExecTransport, venv: str, lock: VenvLock) -> Outcome:
+def _rollback(t: ExecTransport, venv: str, lock: VenvLock,
+              find_uv: plugin.FindUv | None = None) -> Outcome:
     found, state = installed(t, venv)
     if state is None:
         return Outcome(venv, "nothing to roll back", found["version"])
+    if state.form == "plugin":
+        plugin.remove(t, venv, state.dist or state.payload, lock, find_uv=find_uv)
+        return Outcome(venv, "rolled back", found["version"], state.version, form="plugin")
     got = call(t, venv, "restore", timeout=300, package=state.package, lock=lock.token,
                package_dir=state.package_dir, backup=state.backup)
     if got.get("wrong"):

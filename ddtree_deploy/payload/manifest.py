@@ -160,11 +160,18 @@ def load_manifest(folder: Path) -> tuple[Manifest, Path]:
 
 
 def shipped_identity(sglang_version: str | None) -> tuple[str, str, str] | None:
-    """(payload, version, digest) of the built-in payload for this sglang version; None
-    when it does not support the version."""
+    """(payload, version, digest) of the built-in payload for this sglang version (the plugin
+    wheel's for a plugin release: its name, version and sha256); None when it does not support
+    the version."""
     from ddtree_deploy.resources import data_path
 
     manifest, folder = load_manifest(data_path("payload"))
-    if sglang_version not in manifest.sglang:
-        return None
-    return manifest.payload, manifest.version, manifest.digest(folder, sglang_version)
+    if sglang_version in manifest.sglang:
+        return manifest.payload, manifest.version, manifest.digest(folder, sglang_version)
+    from ddtree_deploy.rules.matrix import load_matrix
+
+    if load_matrix(folder, list(manifest.sglang)).form(sglang_version) == "plugin":
+        from ddtree_deploy.payload.plugin import build_wheel
+
+        return build_wheel(folder).identity
+    return None

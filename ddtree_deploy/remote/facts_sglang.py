@@ -203,8 +203,9 @@ def payload_state(venv: str) -> dict[str, Any] | None:
     if not isinstance(files, dict) or not isinstance(pkg, str):
         out["error"] = f"{path} is not a payload state"
         return out
-    for key in ("payload", "version", "digest"):
+    for key in ("payload", "version", "digest", "sglang"):
         out[key] = doc.get(key) if isinstance(doc.get(key), str) else None
+    out["form"] = "plugin" if doc.get("form") == "plugin" else "patch"
     root, pkg_real = os.path.realpath(venv), os.path.realpath(pkg)
     if not pkg_real.startswith(root + os.sep):
         out["error"] = f"{path} names a package folder outside the venv"

@@ -25,6 +25,8 @@ Ops:
              symlink is replaced, never written through), restore what the old payload touched
              and the new one does not, clear stale __pycache__, and only then the state; a
              failure puts the upstream files back;
+  retire  -- (locked) after sglang was reinstalled at another version: the patch set's own
+             leftovers removed (never a file the new sglang lists), its backup and state dropped;
   restore -- (locked) put every original back from a backup (symlinks as symlinks), remove
              what the payload added, clear __pycache__, check, then drop the state and backup;
   plugin ops: see payload_plugin.py.
@@ -59,7 +61,7 @@ from ddtree_deploy.remote.payload_fs import (
     sweep_temporaries,
     write_atomic,
 )
-from ddtree_deploy.remote.payload_plugin import PLUGIN_OPS, plugin_facts
+from ddtree_deploy.remote.payload_plugin import PLUGIN_OPS, dist_info, plugin_facts, record
 from ddtree_deploy.remote.payload_venv import Venv
 
 MAX_REQUEST = 256 << 20
@@ -209,6 +211,35 @@ def op_restore(req):
             "removed": sorted(r for r, e in originals.items() if e is None)}
 
 
+def op_retire(req):
+    """(locked) The patch set's leftovers after sglang was reinstalled at another version:
+    each file the state records that still has the recorded sha256 and that the installed
+    sglang's RECORD does not list is removed; the backup (another version's originals) and
+    the state are dropped. Files the new sglang owns are never touched."""
+    v = Venv(req["package"], req["venv"])
+    v.check_lock(req.get("lock"))
+    pkg = v.recorded_package(req["package_dir"])
+    owned = set()
+    folder = dist_info(v.purelib, v.package)
+    if folder is not None:
+        prefix = v.package + "/"
+        owned = {rel[len(prefix):] for rel in record(v.purelib, folder) if rel.startswith(prefix)}
+    removed = []
+    for rel, digest in req["files"].items():
+        path, kind = v.target(rel)
+        if kind == "file" and rel not in owned and entry_of(path, kind)["sha256"] == digest:
+            os.unlink(path)
+            removed.append(rel)
+    clear_pycache(pkg, list(req["files"]))
+    if req.get("backup"):
+        with contextlib.suppress(Refused):
+            shutil.rmtree(v.recorded_backup(req["backup"]))
+    if os.path.lexists(v.state_path):
+        os.unlink(v.state_path)
+    v.clear_pending()
+    return {"removed": sorted(removed)}
+
+
 def recover(v):
     """Undo an install cut short (its note says which backup): every upstream file back,
     the state and the backup dropped. Returns what it says, or None."""
@@ -266,7 +297,7 @@ def op_hold(req):
 
 
 OPS = {"locate": op_locate, "backup": op_backup, "read": op_read, "install": op_install,
-       "restore": op_restore, "hold": op_hold, **PLUGIN_OPS}
+       "restore": op_restore, "retire": op_retire, "hold": op_hold, **PLUGIN_OPS}
 
 
 def answer(out):

@@ -4,6 +4,7 @@ its wheel with uv (or the venv's own pip, `--no-index --no-deps`) and these ops 
 what that left, so nothing here writes into site-packages: the installer does, and only the
 plugin's own distribution.
 
+  plugin_stage  -- (locked) the path in the state folder where the wheel is put;
   plugin_facts  -- (in locate) the plugin distribution's version, the entry points of the group
                    (every distribution's), its files with their sha256 now and in its RECORD;
   plugin_record -- (locked) check the installed distribution is the one asked for, then write
@@ -137,6 +138,16 @@ def op_plugin_record(req):
     return {"files": len(files)}
 
 
+def op_plugin_stage(req):
+    """(locked) Where the workstation puts the wheel: in the venv's state folder."""
+    v = Venv("sglang", req["venv"])
+    v.check_lock(req.get("lock"))
+    name = req.get("name")
+    if not isinstance(name, str) or not NAME.match(name) or not name.endswith(".whl"):
+        raise Refused(f"{name!r} is not a wheel file name")
+    return {"path": os.path.join(v.ensure_state_dir(), name)}
+
+
 def op_plugin_forget(req):
     v = Venv("sglang", req["venv"])
     v.check_lock(req.get("lock"))
@@ -163,5 +174,5 @@ def op_sglang_intact(req):
             "changed": changed[:50], "changed_count": len(changed)}
 
 
-PLUGIN_OPS = {"plugin_record": op_plugin_record, "plugin_forget": op_plugin_forget,
-              "sglang_intact": op_sglang_intact}
+PLUGIN_OPS = {"plugin_stage": op_plugin_stage, "plugin_record": op_plugin_record,
+              "plugin_forget": op_plugin_forget, "sglang_intact": op_sglang_intact}

@@ -214,9 +214,46 @@ def _width(ctx: RuleContext) -> int | None:
     return expected_width(mf.target_config, mf.draft_config)
 
 
+def payload_matrix(ctx: RuleContext) -> Iterable[Finding]:
+    """A DDTree deployment whose declared sglang release the payload does not serve (an
+    installed one that differs is deploy.sglang-version's: apply installs the declared)."""
+    from ddtree_deploy.rules.matrix import shipped_matrix
+
+    dep = ctx.deployment
+    if dep is None or dep.algorithm != "ddtree" or not dep.payload:
+        return
+    matrix = shipped_matrix()
+    version = dep.sglang.version
+    if matrix.form(version) is not None:
+        return
+    yield Finding(
+        id="payload.sglang-unsupported", severity="error",
+        message=f"deployment {dep.name}: {matrix.refusal(version)}",
+        evidence={"venv": ctx.path, "declared": version, "patch": list(matrix.patch),
+                  "plugin": list(matrix.plugin), "refused": matrix.refused},
+        remedy="set the deployment's sglang.version to a supported release in hosts.yaml "
+        "and run " + findings.apply(ctx.host, dep.name),
+    )  # fmt: skip
+
+
 def ddtree_payload(ctx: RuleContext) -> Iterable[Finding]:
+    from ddtree_deploy.rules.matrix import shipped_matrix
+
     dep, info = ctx.deployment, ctx.venv.sglang if ctx.venv else None
     if dep is None or dep.algorithm != "ddtree" or info is None or not info.dflash_modules:
+        return
+    if shipped_matrix().form(info.version) == "plugin":
+        have = info.payload
+        if have is None or have.form != "plugin" or not have.intact:
+            yield Finding(
+                id="payload.plugin-missing", severity="error",
+                message=f"sglang {info.version} in {ctx.path} takes DDTree as a plugin, and "
+                + ("none is installed" if have is None or have.form != "plugin" else
+                   "the plugin's files were changed since it was installed"),
+                evidence={"venv": ctx.path, "sglang": info.version,
+                          "payload": have.model_dump() if have else None},
+                remedy=findings.payload_deploy(ctx.host, ctx.path),
+            )  # fmt: skip
         return
     remedy = findings.payload_deploy(ctx.host, ctx.path)
     if not dep.payload:
@@ -392,4 +429,5 @@ def open_endpoint(ctx: RuleContext) -> Iterable[Finding]:
 DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, tp_gpus, port_taken, ddtree_attention,
                                        ddtree_verify_width, python_glibc, venv_role,
                                        open_endpoint)
-DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, ddtree_payload)
+DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, payload_matrix,
+                                       ddtree_payload)

@@ -20,6 +20,7 @@ from ddtree_deploy.config.hosts import Deployment
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
 from ddtree_deploy.converge.steps._install import Requirement, install, satisfied, wheelhouse
 from ddtree_deploy.converge.steps._install_deps import closure, pinned
+from ddtree_deploy.converge.steps._release import lacking, refuse_conflicts
 
 KIND = "package.install"
 
@@ -38,6 +39,7 @@ def requirements(d: Deployment) -> list[tuple[str, bool]]:
 
 
 def plan(ctx: Planning) -> list[Step]:
+    refuse_conflicts(ctx)
     dists = ctx.basis.distributions if ctx.basis is not None else {}
     steps = []
     for req, deps in requirements(ctx.deployment):
@@ -48,10 +50,12 @@ def plan(ctx: Planning) -> list[Step]:
                                   satisfied=True))
             continue
         installed = dists.get(canonicalize_name(name))
+        changes = [f"uv pip install {'--no-deps ' if not deps else ''}{req}"]
+        note = lacking(ctx) if not deps and canonicalize_name(name) == "sglang" else None
         steps.append(ctx.step(KIND, req, f"{name} is "
                                          f"{'at ' + installed if installed else 'not installed'}"
                                          f" in {ctx.venv}",
-                              [f"uv pip install {'--no-deps ' if not deps else ''}{req}"],
+                              changes + ([note] if note else []),
                               params=PackageInstall(ctx.venv, req, deps)))
         # A missing package only needs installing: the unit does not change, and a running
         # service already holds what it imported (a crashed one restarts on its own).

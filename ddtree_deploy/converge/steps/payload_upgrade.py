@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
+from ddtree_deploy.converge.steps._release import refuse_unsupported
 from ddtree_deploy.payload.manifest import load_manifest, shipped_identity
 from ddtree_deploy.resources import data_path
 
@@ -29,10 +30,15 @@ def wanted(ctx: Planning) -> bool:
 
 
 def plan(ctx: Planning) -> list[Step]:
+    if not wanted(ctx):
+        return []
+    form = refuse_unsupported(ctx)  # the declared release: the payload serves it, or exit 2
     sg = ctx.basis.sglang if ctx.basis is not None else None
     have = sg.payload if sg is not None else None
-    if not wanted(ctx) or ctx.installing_sglang or sg is None or have is None or have.error:
+    if ctx.installing_sglang or sg is None or have is None or have.error:
         return []  # nothing there to upgrade (an unreadable state: payload.deploy says so)
+    if have.form != form or (have.sglang is not None and have.sglang != sg.version):
+        return []  # another form or release: payload.deploy takes the old one off first
     want = shipped_identity(sg.version)
     if want is None:
         return []
@@ -65,10 +71,11 @@ def act(ctx: Acting, step: Step) -> None:
 
 def deploy_payload(ctx: Acting, venv: str) -> None:
     """The shipped payload onto `venv`: deployed, or upgraded in place over another."""
+    from ddtree_deploy.converge.steps._install_uv import ensure_uv
     from ddtree_deploy.payload.deploy import deploy  # acting only: plan stays light
 
     manifest, folder = load_manifest(data_path("payload"))
-    deploy(ctx.t, venv, manifest, folder)
+    deploy(ctx.t, venv, manifest, folder, find_uv=lambda t: ensure_uv(t, sudo=False))
 
 
 STEP = StepKind(KIND, PayloadUpgrade, act, plan=plan, marks_restart=True, keeps_facts=True)

@@ -3,7 +3,9 @@
 Why: the lab containers have no GPU and carry stand-in torch / sglang-kernel
 wheels, so the real server cannot start. What is real: the flags (parsed from
 the installed sglang's own server_args.py), the speculative algorithm lookup (the
-installed ``sglang.srt.speculative.spec_info``), ``import sgl_kernel`` (a real
+installed ``sglang.srt.speculative.spec_info``; on 0.5.12+ first the venv's
+``sglang.srt.plugins`` entry points, as ``load_plugins()`` reads them, where the
+DDTree plugin's presence stands in for its registration), ``import sgl_kernel`` (a real
 dlopen of the stand-in kernels against the venv's CUDA runtime), ``import
 soundfile``, the names flashinfer and xgrammar define (read from the installed
 files), flashinfer's CUDA-version lookup (nvcc, then torch.version.cuda), the
@@ -45,14 +47,45 @@ def _setup_logging(level: str) -> None:
     )
 
 
+PLUGIN_GROUP = "sglang.srt.plugins"  # sglang/srt/plugins/__init__.py, 0.5.11 to 0.5.23
+# What a plugin registers, by its distribution: the DDTree plugin registers DDTREE through
+# SpeculativeAlgorithm.register (payload/plugin/ddtree_sglang/plugin.py). The real plugin cannot
+# run on the lab's stand-in torch, so its registration is taken from its entry point's presence.
+PLUGIN_ALGORITHMS = {"ddtree-sglang-plugin": ("DDTREE",)}
+
+
+def plugin_algorithms() -> dict[str, str]:
+    """Algorithm name -> the entry point registering it, as load_plugins() would load them:
+    the venv's `sglang.srt.plugins` entry points, filtered by SGLANG_PLUGINS when it is set."""
+    from importlib.metadata import entry_points
+
+    allowed = os.environ.get("SGLANG_PLUGINS")
+    names = None if not allowed else {n.strip() for n in allowed.split(",") if n.strip()}
+    found: dict[str, str] = {}
+    for ep in entry_points(group=PLUGIN_GROUP):
+        if names is not None and ep.name not in names:
+            continue
+        dist = (ep.dist.metadata["Name"] if ep.dist is not None else "") or ""
+        for algorithm in PLUGIN_ALGORITHMS.get(dist.lower().replace("_", "-"), ()):
+            found[algorithm] = f"{ep.name} = {ep.value}"
+    return found
+
+
 def resolve_algorithm(ns: argparse.Namespace) -> str:
-    """Step 1: the installed SpeculativeAlgorithm.from_string, then draft-config needs."""
+    """Step 1: plugins (a release with SpeculativeAlgorithm.register, 0.5.12+), then the
+    installed SpeculativeAlgorithm.from_string, then draft-config needs."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     name = ns.speculative_algorithm
     if name == "NEXTN":  # server_args maps NEXTN to EAGLE before use
         name = "EAGLE"
-    algorithm = SpeculativeAlgorithm.from_string(name).name
+    registered = plugin_algorithms() if hasattr(SpeculativeAlgorithm, "register") else {}
+    upper = (name or "").upper()
+    if upper in registered and upper not in SpeculativeAlgorithm.__members__:
+        log.info("plugin %s registered speculative algorithm %s", registered[upper], upper)
+        algorithm = upper
+    else:
+        algorithm = SpeculativeAlgorithm.from_string(name).name
     if algorithm in SPEC_WITH_DRAFT_CONFIG:
         if ns.speculative_draft_model_path is None:
             raise ValueError(
@@ -144,11 +177,14 @@ def _server_state(ns: argparse.Namespace, found: dict[str, Any]) -> serving.Serv
 def speed_model(algorithm: str, ns: argparse.Namespace, block: int | None) -> SpeedModel:
     """The stand-in's SYNTHETIC cost model for the flags it was started with."""
     block = block or getattr(ns, "speculative_num_draft_tokens", None) or 16
+    env = os.environ  # the plugin form's settings (SGLang >= 0.5.17 has no DDTree flags)
+    budget = getattr(ns, "speculative_ddtree_budget", None) or env.get("SGLANG_DDTREE_BUDGET")
+    topk = getattr(ns, "speculative_ddtree_topk", None) or env.get("SGLANG_DDTREE_TOPK")
+    shadow = bool(getattr(ns, "speculative_ddtree_shadow_linear", False)) or \
+        env.get("SGLANG_DDTREE_SHADOW_LINEAR") == "1"
     return SpeedModel(
         algorithm=algorithm if algorithm in ("NONE", "DFLASH", "DDTREE") else "DFLASH",
-        block=int(block), budget=int(getattr(ns, "speculative_ddtree_budget", None) or 0),
-        topk=int(getattr(ns, "speculative_ddtree_topk", None) or 1),
-        shadow_linear=bool(getattr(ns, "speculative_ddtree_shadow_linear", False)))
+        block=int(block), budget=int(budget or 0), topk=int(topk or 1), shadow_linear=shadow)
 
 
 def serve(ns: argparse.Namespace, found: dict[str, Any]) -> int:
