@@ -35,6 +35,10 @@ class FileWriteError(DeployError):
 
     exit_code = ExitCode.FAILED
 
+    def __init__(self, message: str, *, hint: str | None = None, reason: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason  # the system's words alone ("No space left on device")
+
 
 class Terminated(SystemExit):
     """SIGTERM arrived while a file was being replaced (the temporary is removed first)."""
@@ -110,7 +114,7 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o644, keep: bool = Fal
             tmp = None
         except OSError as exc:
             where = f"{path}" if target == path else f"{path} (the file it links to, {target})"
-            raise FileWriteError(f"cannot write {where}: {_why(exc)}") from None
+            raise FileWriteError(f"cannot write {where}: {_why(exc)}", reason=_why(exc)) from None
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from ddtree_deploy.errors import DeployError, UsageError
@@ -56,16 +55,12 @@ def write_output(path: Path, text: str, flag: str) -> None:
     if st is not None and not stat.S_ISREG(st.st_mode):
         _write_special(path, data, flag)
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise DeployError(f"{flag} {path}: cannot write: {_why(exc)}") from None
+    from ddtree_deploy.atomicfile import FileWriteError, replace_file
+
+    try:  # the one atomic writer: no temporary left, SIGTERM and a full disk included
+        replace_file(path, data, keep=True, sync=True)
+    except FileWriteError as exc:
+        raise DeployError(f"{flag} {path}: cannot write: {exc.reason or exc.message}") from None
 
 
 def _write_special(path: Path, data: bytes, flag: str) -> None:
