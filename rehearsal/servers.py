@@ -33,8 +33,10 @@ COMMON_ARGS = (
 )  # fmt: skip
 # What the GPU host needs in every server's environment (set through hosts.yaml's
 # per-deployment `environment:`, so the unit carries it): no hub, tvm-ffi without torch's
-# C DLPack, JIT caches under HOME (the rehearsal's scratch folder).
-SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
+# C DLPack, JIT caches under HOME (the rehearsal's scratch folder); SGLang's memory check on an
+# idle scheduler raising instead of warning (a leak ends the server: seen by every later check).
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
+              "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 
 
 @dataclass(frozen=True)
