@@ -103,6 +103,10 @@ RESULTS_CASES: list[tuple[str, Callable[[dict[str, Any]], None] | str, str]] = [
     ("history-not-list", _top("facts_history", 3), "facts_history"),
     ("too-many-workloads", _many_workloads, "distinct workload values, more than a report"),
     ("too-many-levels", _many_levels, "distinct concurrency values, more than a report"),
+    ("tok-s-overflows-to-inf", "1e400", "cells[0].metrics.output_tok_s"),
+    ("tok-s-5000-digits", "9" * 5000, "not a bench results file"),
+    ("duplicate-key", '{"schema": "ddtree-deploy-bench/1", "host": "a", "host": "b"}',
+     "duplicate key 'host'"),
     ("top-list", "[]", "not a bench results file"),
     ("no-schema", '{"host": "h"}', "schema ddtree-deploy-bench/1 expected"),
     ("empty", "", ":1:1: not a bench results file"),
@@ -114,7 +118,7 @@ RESULTS_CASES: list[tuple[str, Callable[[dict[str, Any]], None] | str, str]] = [
 def _write_results(tmp_path: Path, edit: Callable[[dict[str, Any]], None] | str) -> Path:
     path = tmp_path / "results.json"
     if isinstance(edit, str):
-        if edit in ("NaN", "Infinity", "-Infinity"):
+        if edit in ("NaN", "Infinity", "-Infinity", "1e400") or edit.isdigit():
             text = json.dumps(BASE).replace('"output_tok_s": ', f'"output_tok_s": {edit}, "x": ',
                                             1)
         else:

@@ -152,17 +152,26 @@ def _not_a_number(name: str) -> Any:
     raise ValueError(f"{name} is not a number a results file may hold")
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:  # json.loads would keep the last one silently
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 def parse(raw: bytes, path: Path) -> dict[str, Any]:
     """A results file's JSON, validated in full (ConfigError, exit 2, naming file and field)."""
     from ddtree_deploy.config.yamlload import decode_utf8
 
     text = decode_utf8(raw, str(path))
     try:
-        data = json.loads(text, parse_constant=_not_a_number)
+        data = json.loads(text, parse_constant=_not_a_number, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: not a bench results file "
                           f"(JSON: {exc.msg})") from None
-    except ValueError as exc:  # NaN, Infinity
+    except ValueError as exc:  # NaN, Infinity, a duplicate key, an integer of 5000 digits
         raise ConfigError(f"{path}: not a bench results file: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not a bench results file: nested too deep") from None
