@@ -39,7 +39,10 @@ def write(ref: str, dest: Path, repo: Path = REPO) -> str:
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Debian 12's Python (3.11.2, as in CI) predates extraction filters
+            tar.extractall(dest)
     line = f"{sha} {subject}"
     (dest / "SOURCE").write_text(line + "\n", encoding="utf-8")
     return line

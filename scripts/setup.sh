@@ -5,10 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
+# patch: the payload tests apply payload.yaml's patches with patch(1); zstd: the overlay's
+# compressed streams (a fresh Debian 12 has neither).
 need_apt=()
 for cmd in systemd-nspawn:systemd-container debootstrap:debootstrap sshd:openssh-server \
            ssh:openssh-client ip:iproute2 gcc:gcc readelf:binutils python3:python3 \
-           git:git; do
+           git:git patch:patch zstd:zstd; do
   command -v "${cmd%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${cmd%%:*}" ] || need_apt+=("${cmd##*:}")
 done
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)

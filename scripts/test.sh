@@ -8,10 +8,12 @@
 # Extra arguments go to every pytest run (e.g. -x, -k EXPR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's wall seconds, and the CPU seconds (user+sys, its processes included) it used: on a
+# shared machine the wall time grows with the load, the CPU time much less.
 stage() {  # NAME COMMAND...: run it, print its seconds, return its status
-  local name=$1 t0=$SECONDS rc=0; shift
-  "$@" || rc=$?
-  echo "tier $name: $((SECONDS - t0)) s"
+  local name=$1 rc=0 TIMEFORMAT; shift
+  TIMEFORMAT="tier $name: %0R s (cpu %0U+%0S s)"
+  time { "$@" || rc=$?; }
   return "$rc"
 }
 stage setup bash scripts/setup.sh
@@ -30,12 +32,12 @@ stage collect collect "$@"
 
 touch "$manifests/skips"
 for tier in unit integration lab; do
-  t0=$SECONDS rc=0
-  "${pytest[@]}" -m "$tier" --tier-manifest="$manifests/$tier" \
-    --skip-report="$manifests/skips" "$@" || rc=$?
+  rc=0
+  stage "$tier" "${pytest[@]}" -m "$tier" --tier-manifest="$manifests/$tier" \
+    --skip-report="$manifests/skips" --durations=10 "$@" || rc=$?
   [ "$rc" -eq 5 ] && rc=0  # no test of this tier selected (by -k, or none exists)
   touch "$manifests/$tier"
-  echo "tier $tier: $((SECONDS - t0)) s, $(wc -l <"$manifests/$tier") tests"
+  echo "tier $tier: $(wc -l <"$manifests/$tier") tests"
   [ "$rc" -eq 0 ] || failed+=("$tier")
 done
 
