@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rehearsal.carry_repack import PROFILES, record_problems, repack
+from rehearsal.carry_repack import PROFILES, record_problems, repack_profile
 from rehearsal.carry_set import (
     CARRY_SET,
     LIMIT_BYTES,
@@ -37,6 +37,7 @@ from rehearsal.carry_set import (
     MIB,
     CarryError,
     Entry,
+    carry_set_for,
     check_budget,
     folder_bytes,
     load_carry_set,
@@ -204,7 +205,7 @@ def build(dest: Path, *, repo: Path = REPO, carry_set: Path = CARRY_SET,
                             "source_sha256": e.sha256, "source_size": e.size}
             if e.repack:
                 out(f"  repack {e.filename} ({e.repack})")
-                res = repack(src, folder, PROFILES[e.repack][0])
+                res = repack_profile(src, folder, e.repack)
                 bad = record_problems(res.path)
                 if bad:
                     raise CarryError(f"repacked {res.path.name}: RECORD wrong: {bad[0]}")
@@ -270,7 +271,7 @@ def lock(carry_set: Path = CARRY_SET, *, cache: Path = DEFAULT_CACHE, fetch: Fet
         carried = path.stat().st_size
         if e.repack:
             with tempfile.TemporaryDirectory(prefix="ddtree-carry-lock-") as tmp:
-                carried = repack(path, Path(tmp), PROFILES[e.repack][0]).size
+                carried = repack_profile(path, Path(tmp), e.repack).size
         updated.append(Entry(e.name, e.version, e.into, e.repack, path.stat().st_size,
                              carried, sha256_file(path), path.name, e.why, e.line))
     carry_set.write_text(replace_rows(carry_set.read_text(encoding="utf-8"), updated),
@@ -374,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="download, repack and write the carry folder (workstation)")
     b.add_argument("dest", type=Path, help="a git-ignored folder in the repository, e.g. .carry")
+    b.add_argument("--release", default="0.5.11", help="the SGLang release whose carry set is "
+                   "built (rehearsal/carry-set[-RELEASE].tsv; default %(default)s)")
     b.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="download cache (outside "
                    "the repository; default %(default)s)")
     b.add_argument("--limit-mib", type=float, default=LIMIT_BYTES / MIB,
@@ -386,14 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     lk = sub.add_parser("lock", help="write sizes and sha256 of the registry's wheels into "
                         "rehearsal/carry-set.tsv (downloads what the cache lacks)")
     lk.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    lk.add_argument("--release", default="0.5.11")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "build":
-            build(args.dest, cache=args.cache, limit=int(args.limit_mib * MIB))
+            build(args.dest, carry_set=carry_set_for(args.release), cache=args.cache,
+                  limit=int(args.limit_mib * MIB))
         elif args.cmd == "install":
             install(args.dest, args.target, tool_dir=args.tool_dir)
         else:
-            _say(f"locked {lock(cache=args.cache)} rows of {CARRY_SET}")
+            path = carry_set_for(args.release)
+            _say(f"locked {lock(path, cache=args.cache)} rows of {path}")
     except CarryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

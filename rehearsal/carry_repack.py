@@ -11,6 +11,8 @@ import csv
 import fnmatch
 import hashlib
 import io
+import subprocess
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ PROFILES: dict[str, tuple[tuple[str, ...], str]] = {
         (
             "sgl_kernel/flash_ops*.so",  # FA3, 1 GB unpacked; sgl_kernel/__init__.py never loads it
             "sgl_kernel/flashmla_ops*.so",  # FlashMLA: MLA models only
+            "sgl_kernel/infllm_ops*.so",  # InfLLM-V2 (0.4.5+): infllm_v2/_loader loads it lazily
             "sgl_kernel/sm100/*",  # SM 10.x and the no-GPU fallback; SM 9.0 loads sm90/
             "deep_gemm/*",  # DeepGEMM (FP8 GEMM JIT), a package of its own
             "triton_kernels/*",  # MoE matmul_ogs kernels, a package of its own
@@ -33,6 +36,66 @@ PROFILES: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "only what SM 9.0 with the triton attention backend loads: sgl_kernel/sm90/common_ops",
     ),
+    "sglang-text": (
+        (
+            "sglang/srt/server/_core*.so",  # the embedded Rust server: SGLANG_RUST_SERVER only
+            "sglang/srt/grpc/_core*.so",  # native gRPC: --grpc-mode only (imported lazily)
+            "sglang/srt/multimodal/_core*.so",  # Rust multimodal preprocessing (inkling), lazily
+            "sglang/multimodal_gen/*",  # diffusion serving (sglang generate), not launch_server
+        ),
+        "0.5.17+: 22 MB -> 9 MB; its three native extensions are imported lazily behind flags",
+    ),
+    "flashinfer-jit": (
+        (
+            "flashinfer/data/cutlass/examples/*",
+            "flashinfer/data/cutlass/python/*",
+            "flashinfer/data/cutlass/tools/*",
+            "flashinfer/data/cutlass/test/*",
+            "flashinfer/data/cccl/python/*",
+            "flashinfer/data/cccl/benchmarks/*",
+            "flashinfer/data/cccl/ci/*",
+            "flashinfer/data/cccl/docs/*",
+        ),
+        "the JIT's headers and sources kept; the bundled projects' examples, tests and tools not",
+    ),
+    "xgrammar-strip": (
+        ("xgrammar/lib/*.a",),  # a 65 MB static archive: for building against xgrammar only
+        "0.5.17 imports xgrammar unguarded (function_call/inkling_detector.py:6); 45 MB -> 1 MB: "
+        "the static archive dropped and the bindings' debug symbols stripped",
+    ),
+    "transformers-text": (
+        ("transformers/models/*/*",),
+        "transformers 5.12.1's model folders kept only where sglang 0.5.17 imports them at start "
+        "(traced on the CPU with CUDA faked) and the rehearsal's qwen3: 11 MB -> 5 MB",
+    ),
+}
+
+#: per profile: archive paths kept although a drop pattern matches, and shared objects whose
+#: symbol tables are stripped (``strip --strip-unneeded``: the dynamic symbols stay)
+_TF_KEEP = (
+    "aria", "auto", "beit", "bit", "blip", "bridgetower", "chameleon", "chinese_clip", "chmv2",
+    "clip", "cohere2_vision", "conditional_detr", "convnext", "deepseek_ocr2", "deepseek_v3",
+    "deepseek_vl", "deepseek_vl_hybrid", "deformable_detr", "deit", "depth_pro", "detr",
+    "dinov3_vit", "donut", "dpt", "efficientloftr", "efficientnet", "emu3", "encoder_decoder",
+    "eomt", "ernie4_5_vl_moe", "flava", "fuyu", "gemma3", "gemma4", "gemma4_unified", "glm46v",
+    "glm4v", "glm_image", "glmga", "glpn", "got_ocr2", "gpt_oss", "grounding_dino", "idefics",
+    "idefics2", "idefics3", "imagegpt", "janus", "kosmos2_5", "layoutlmv2", "layoutlmv3",
+    "levit", "lfm2", "lfm2_vl", "lightglue", "llama", "llama4", "llava", "llava_next",
+    "llava_onevision", "mask2former", "maskformer", "mellum", "minicpmv4_6", "minimax_m3_vl",
+    "mllama", "mobilenet_v1", "mobilenet_v2", "mobilevit", "nemotron_h", "nougat", "oneformer",
+    "ovis2", "owlv2", "owlvit", "paddleocr_vl", "perceiver", "perception_lm",
+    "phi4_multimodal", "pi0", "pix2struct", "pixtral", "poolformer", "pp_chart2table",
+    "pp_doclayout_v2", "pp_doclayout_v3", "pp_formulanet", "pp_lcnet", "pp_ocrv5_server_det",
+    "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "prompt_depth_anything", "pvt", "qwen2",
+    "qwen2_5_vl", "qwen2_vl", "qwen3", "qwen3_moe", "rf_detr", "rt_detr", "sam", "sam2",
+    "sam3", "sapiens2", "segformer", "seggpt", "siglip", "siglip2", "slanext", "smolvlm",
+    "superglue", "superpoint", "swin2sr", "textnet", "timm_wrapper", "tvp", "uvdoc",
+    "video_llama_3", "video_llava", "videomae", "vilt", "vit", "vitmatte", "vitpose", "vivit",
+    "whisper", "yolos", "zoedepth",
+)
+OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "xgrammar-strip": {"strip": ("xgrammar/*.so",)},
+    "transformers-text": {"keep": tuple(f"transformers/models/{m}/*" for m in _TF_KEEP)},
 }
 
 _SIGNATURES = ("RECORD.jws", "RECORD.p7s")
@@ -65,11 +128,32 @@ def _read_record(zf: zipfile.ZipFile, name: str) -> dict[str, tuple[str, str]]:
     return {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(text)) if row}
 
 
-def repack(src: Path, out_dir: Path, drop: tuple[str, ...]) -> RepackResult:
+def repack_profile(src: Path, out_dir: Path, profile: str) -> RepackResult:
+    """:func:`repack` with a named profile's drop, keep and strip patterns."""
+    opts = OPTIONS.get(profile, {})
+    return repack(src, out_dir, PROFILES[profile][0], keep=opts.get("keep", ()),
+                  strip=opts.get("strip", ()))
+
+
+def _stripped(data: bytes, name: str) -> bytes:
+    """``data`` (a shared object) with its symbol tables stripped (binutils' strip)."""
+    with tempfile.TemporaryDirectory(prefix="ddtree-strip-") as tmp:
+        path = Path(tmp) / "lib.so"
+        path.write_bytes(data)
+        proc = subprocess.run(["strip", "--strip-unneeded", str(path)], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise CarryError(f"strip {name} failed: {proc.stderr.strip()[-200:]}")
+        return path.read_bytes()
+
+
+def repack(src: Path, out_dir: Path, drop: tuple[str, ...], *, keep: tuple[str, ...] = (),
+           strip: tuple[str, ...] = ()) -> RepackResult:
     """Write `out_dir/<src's file name>`: `src` less the files matching `drop` (and any RECORD
     signature), every kept file checked against the original RECORD, RECORD rewritten with each
-    kept file's sha256 and size. Entry order, timestamps and modes are kept, so the same input
-    gives the same bytes."""
+    kept file's sha256 and size. A file matching `keep` is kept whatever `drop` says; a file
+    matching `strip` (a shared object) is written with its symbol tables stripped. Entry order,
+    timestamps and modes are kept, so the same input gives the same bytes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / src.name
     if out.resolve() == src.resolve():
@@ -99,8 +183,22 @@ def repack(src: Path, out_dir: Path, drop: tuple[str, ...]) -> RepackResult:
                 if name.rsplit("/", 1)[-1] in _SIGNATURES and name.startswith(dist_info + "/"):
                     dropped.append(name)
                     continue
-                if any(fnmatch.fnmatchcase(name, p) for p in drop):
+                if any(fnmatch.fnmatchcase(name, p) for p in drop) and not any(
+                        fnmatch.fnmatchcase(name, p) for p in keep):
                     dropped.append(name)
+                    continue
+                if any(fnmatch.fnmatchcase(name, p) for p in strip):
+                    original = zin.read(info)
+                    h = record_hash(hashlib.sha256(original).digest())
+                    listed = old_record.get(name)
+                    if listed and listed[0] and listed[0] != h:
+                        tmp.unlink()
+                        raise CarryError(f"{src.name}: {name} does not match the wheel's own "
+                                         "RECORD (a damaged download?)")
+                    data = _stripped(original, name)
+                    zout.writestr(_copy_info(info), data)
+                    rows.append((name, record_hash(hashlib.sha256(data).digest()),
+                                 str(len(data))))
                     continue
                 digest = hashlib.sha256()
                 size = 0

@@ -18,6 +18,20 @@ MIB = 1024 * 1024
 #: (2 until session 4, when the tree's raw GPU results reached 5.09 MiB: 62.02 MiB in all).
 LIMIT_BYTES = 63 * MIB
 CARRY_SET = Path(__file__).with_name("carry-set.tsv")
+#: one carry set per SGLang release: 0.5.11 (the patch set) is ``carry-set.tsv``, another release's
+#: is ``carry-set-<release>.tsv`` (the plugin form)
+DEFAULT_RELEASE = "0.5.11"
+
+
+def carry_set_for(release: str) -> Path:
+    """The carry set of ``release``; CarryError naming the sets there are when it has none."""
+    path = CARRY_SET if release == DEFAULT_RELEASE else CARRY_SET.with_name(
+        f"carry-set-{release}.tsv")
+    if not path.is_file():
+        have = [DEFAULT_RELEASE] + sorted(p.stem.removeprefix("carry-set-")
+                                          for p in CARRY_SET.parent.glob("carry-set-*.tsv"))
+        raise CarryError(f"no carry set for SGLang {release} (there are: {', '.join(have)})")
+    return path
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "ddtree-rehearsal-carry/1"
 COLUMNS = ("name", "version", "into", "repack", "size", "carried", "sha256", "filename", "why")

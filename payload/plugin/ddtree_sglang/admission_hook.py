@@ -1,0 +1,59 @@
+"""DDTREE's request admission in the plugin form: the shared ``ddtree.admission`` rules, run
+by a BEFORE hook on ``TokenizerManager.generate_request`` (SGLang's ``HookRegistry``, applied by
+``load_plugins`` in the server's main process, where requests arrive).
+
+A request DDTREE would serve differently from plain decoding raises ``ddtree.admission.Refused``
+(a ``ValueError``: SGLang answers it with HTTP 400) before it reaches the scheduler; requests to a
+server of another algorithm pass untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+logger = logging.getLogger("ddtree_sglang")
+
+TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+
+
+def request_fields(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A request dataclass's fields and their defaults."""
+    fields, defaults = {}, {}
+    for field in dataclasses.fields(obj):
+        fields[field.name] = getattr(obj, field.name)
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return fields, defaults
+
+
+def make_hook(name: str) -> Any:
+    from ddtree.admission import check_request
+
+    def before(manager: Any, obj: Any, *args: Any, **kwargs: Any) -> None:
+        algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
+        if str(algorithm or "").upper() != name or not dataclasses.is_dataclass(obj):
+            return None
+        if type(obj).__name__ != "GenerateReqInput":
+            return None
+        fields, defaults = request_fields(obj)
+        check_request(fields, defaults)
+        return None
+
+    return before
+
+
+def install(name: str) -> bool:
+    """Register the hook (before SGLang applies hooks); False where it cannot be."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        hook = make_hook(name)
+    except ImportError as exc:
+        logger.error("DDTREE admission hook not installed (%s); requests are not checked.", exc)
+        return False
+    HookRegistry.register(TARGET, hook, HookType.BEFORE)
+    return True
