@@ -16,7 +16,10 @@ Checks, per server, all in mixed concurrent batches:
   EOS honoured (ignore_eos false); output ids equal to no speculation's, request by request.
 * ``topk-mix``: 16 requests with top-k 2 beside 16 leaving top-k unset (temperature 8, top-p 1):
   768 sampled transitions of the top-k 2 rows; one token outside the target's top 2 fails (the
-  old shortcut puts nearly all of them outside: ~1/8 inside at temperature 8 over a flat tail).
+  old shortcut puts nearly all of them outside), and so does a share of transitions to the
+  filtered law's top-1 more than 4 standard deviations from its expectation (z, as the
+  correctness phase's sampling law: a sampler that follows the argmax or ignores a filter's
+  renormalisation moves it by tens of deviations at these sizes).
   Then, in a second wave (a top-p or min-p row in the batch would hide the old shortcut), 8 rows
   top-p 0.5 and 8 rows min-p 0.3 beside 8 unset ones (support checked the same way).
 * ``penalty``: frequency_penalty 1.5 on greedy requests: DDTREE must refuse (400); a server that
@@ -212,11 +215,13 @@ def topk_mix(port: int, logits: Any, seed: int = 3) -> dict[str, Any]:
     from rehearsal import checks
 
     raw = torch.softmax(logits / HOT, dim=-1)
-    floors = {}
+    floors, top1, top1_p = {}, {}, {}
     for kind, f in KINDS.items():
         kept = checks.filtered_probs(raw, top_k=f.get("top_k", -1), top_p=f.get("top_p", 1.0),
                                      min_p=f.get("min_p", 0.0))
         floors[kind] = torch.where(kept > 0, raw, torch.inf).min(dim=-1).values
+        top1[kind] = kept.argmax(dim=-1)
+        top1_p[kind] = kept.max(dim=-1).values
     rng = random.Random(seed)
 
     def one(job: tuple[str, list[int]]) -> tuple[str, list[int], Any]:
@@ -232,18 +237,29 @@ def topk_mix(port: int, logits: Any, seed: int = 3) -> dict[str, Any]:
         rng.shuffle(jobs)
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             answers += list(pool.map(one, jobs))
-    out: dict[str, Any] = {k: {"transitions": 0, "outside": 0, "failed": 0} for k in KINDS}
+    out: dict[str, Any] = {k: {"transitions": 0, "outside": 0, "failed": 0, "top1": 0.0,
+                               "top1_expected": 0.0, "var": 0.0} for k in KINDS}
     for kind, prompt, ids in answers:
         if ids is None:
             out[kind]["failed"] += 1
             continue
         seq = prompt[-1:] + ids
+        row = out[kind]
         for prev, nxt in zip(seq, seq[1:], strict=False):
-            out[kind]["transitions"] += 1
+            row["transitions"] += 1
             # ties with the smallest kept probability may be cut by either sort: not counted
             if float(raw[prev, nxt]) < float(floors[kind][prev]) * (1 - 1e-5):
-                out[kind]["outside"] += 1
-    ok = all(v["outside"] == 0 and v["failed"] == 0 for v in out.values())
+                row["outside"] += 1
+            # the statistic: transitions to the filtered law's top-1, against its expectation
+            p1 = float(top1_p[kind][prev])
+            row["top1"] += 1.0 if nxt == int(top1[kind][prev]) else 0.0
+            row["top1_expected"] += p1
+            row["var"] += p1 * (1 - p1)
+    for row in out.values():
+        var = row.pop("var")
+        row["z"] = ((row["top1"] - row["top1_expected"]) / math.sqrt(var) if var > 0
+                    else 0.0 if row["top1"] == row["top1_expected"] else float("inf"))
+    ok = all(v["outside"] == 0 and v["failed"] == 0 and abs(v["z"]) < 4.0 for v in out.values())
     return {"ok": ok, "temperature": HOT, **out}
 
 

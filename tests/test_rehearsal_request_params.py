@@ -195,6 +195,9 @@ def test_the_phase_passes_exact_servers_and_fails_both_negative_controls(
     # each control fails where its fault is, and only there among the token checks
     topk = got["request-params/rp-ddtree15-topkfault/topk-mix"]
     assert not topk["ok"] and topk["top_k 2"]["outside"] > 16 * 48 // 2
+    assert topk["top_k 2"]["z"] < -10  # the statistic sees it too
+    assert all(abs(got["request-params/rp-ddtree15/topk-mix"][k]["z"]) < 4
+               for k in request_params.KINDS)
     assert topk["top_p 0.5"]["outside"] == 0 and topk["min_p 0.3"]["outside"] == 0
     assert got["request-params/rp-ddtree15-topkfault/refusals"]["ok"]
     pen = got["request-params/rp-ddtree15-penaltyfault/penalty"]
