@@ -1,0 +1,150 @@
+"""The verify block's split-KV attention (payload/ddtree/tree_attention.py) against attention
+written out in torch, and its wrapper in front of SGLang's extend kernel.
+
+Runs where Triton runs: on a CUDA GPU, or in Triton's CPU interpreter (``TRITON_INTERPRET=1``
+set before triton is imported; with triton installed and no GPU this module re-runs itself in a
+fresh process that way). The prefix part of SGLang's flattened mask is filled with random bits
+here: the kernel must read only the tree columns (every prefix column is visible).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "payload"))
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+RUNNABLE = HAVE_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_kernel = pytest.mark.skipif(not RUNNABLE, reason="needs triton on a CUDA GPU or in its "
+                                                       "interpreter (TRITON_INTERPRET=1)")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Tensor, k_buf: torch.Tensor,
+              v_buf: torch.Tensor, lens: list[int], locs: list[torch.Tensor],
+              masks: list[torch.Tensor], n: int) -> torch.Tensor:
+    heads, group = q.shape[1], q.shape[1] // k_ext.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for b, length in enumerate(lens):
+        keys = torch.cat([k_buf[locs[b]], k_ext[b * n:(b + 1) * n]]).float().cpu()
+        vals = torch.cat([v_buf[locs[b]], v_ext[b * n:(b + 1) * n]]).float().cpu()
+        allow = torch.cat([torch.ones(n, length, dtype=torch.bool), masks[b]], 1)
+        for h in range(heads):
+            s = q[b * n:(b + 1) * n, h].float().cpu() @ keys[:, h // group].T / q.shape[2] ** 0.5
+            out[b * n:(b + 1) * n, h] = torch.softmax(s.masked_fill(~allow, float("-inf")), -1) \
+                @ vals[:, h // group]
+    return out
+
+
+def make(bs: int, n: int, heads: int, kv_heads: int, dim: int, lens: list[int],
+         seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    slots = 1 + sum(lens) + 8
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    q, k_ext = rnd(bs * n, heads, dim), rnd(bs * n, kv_heads, dim)
+    v_ext = rnd(bs * n, kv_heads, dim)
+    k_buf, v_buf = rnd(slots, kv_heads, dim), rnd(slots, kv_heads, dim)
+    perm = torch.randperm(slots - 1, generator=g) + 1
+    locs, off = [], 0
+    for length in lens:
+        locs.append(perm[off:off + length])
+        off += length
+    masks, flat, mask_indptr = [], [], [0]
+    for b in range(bs):  # a random tree's ancestor sets (parent before child), diagonal on
+        parent = [-1] + [int(torch.randint(0, j, (1,), generator=g)) for j in range(1, n)]
+        m = torch.zeros(n, n, dtype=torch.bool)
+        for j in range(n):
+            a = j
+            while a >= 0:
+                m[j, a], a = True, parent[a]
+        masks.append(m)
+        rows = torch.cat([torch.rand(n, lens[b], generator=g) < 0.5, m], 1)
+        flat.append(rows.reshape(-1))
+        mask_indptr.append(mask_indptr[-1] + rows.numel())
+    kv_indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    d = {"q": q, "k_ext": k_ext, "v_ext": v_ext, "k_buf": k_buf, "v_buf": v_buf,
+         "qo_indptr": torch.arange(0, (bs + 1) * n, n, dtype=torch.int32),
+         "kv_indptr": kv_indptr, "kv_indices": torch.cat(locs),
+         "custom_mask": torch.cat(flat), "mask_indptr": torch.tensor(mask_indptr)}
+    d = {k: v.to(DEV) for k, v in d.items()}
+    d["want"] = reference(q, k_ext, v_ext, k_buf, v_buf, lens, locs, masks, n)
+    return d
+
+
+CASES = [(1, 16, 32, 8, 128, [37]), (2, 16, 8, 2, 64, [5, 130]), (3, 8, 4, 2, 16, [0, 64, 65]),
+         (1, 32, 32, 8, 128, [200]), (5, 8, 32, 32, 16, [3, 70, 0, 1, 129])]
+
+
+def _args(d: dict[str, Any], o: torch.Tensor, n: int, mask: Any = "tree") -> tuple[Any, ...]:
+    """SGLang's positional call of ``extend_attention_fwd`` from its Triton backend."""
+    return (d["q"], d["k_ext"], d["v_ext"], o, d["k_buf"], d["v_buf"], d["qo_indptr"],
+            d["kv_indptr"], d["kv_indices"], d["custom_mask"] if mask == "tree" else mask, True,
+            d["mask_indptr"], n, 1.0, 1.0, None)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("bs", "n", "heads", "kv_heads", "dim", "lens"), CASES)
+def test_the_kernel_is_attention_under_the_tree_mask(bs: int, n: int, heads: int, kv_heads: int,
+                                                     dim: int, lens: list[int]) -> None:
+    from ddtree import tree_attention as ta
+
+    d = make(bs, n, heads, kv_heads, dim, lens, seed=bs * 100 + n)
+    o = torch.empty_like(d["q"])
+    ta.tree_verify_attention(d["q"], d["k_ext"], d["v_ext"], o, d["k_buf"], d["v_buf"],
+                             d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["custom_mask"],
+                             d["mask_indptr"], n)
+    tol = 2e-2 if DEV == "cuda" else 1e-4
+    assert float((o.float().cpu() - d["want"]).abs().max()) < tol
+
+
+@needs_kernel
+def test_the_wrapper_serves_verify_blocks_after_one_check_and_leaves_the_rest() -> None:
+    from ddtree import tree_attention as ta
+
+    calls: list[str] = []
+    d = make(2, 16, 8, 2, 64, [5, 40], seed=3)
+
+    def extend(*args: Any, **kwargs: Any) -> None:  # SGLang's kernel, as torch
+        calls.append("extend")
+        args[3].copy_(d["want"].to(args[3].dtype))
+
+    fwd = ta.wrap(extend)
+    o = torch.empty_like(d["q"])
+    fwd(*_args(d, o, 16), logit_cap=0.0, sliding_window_size=-1, sinks=None,
+        window_kv_offsets=None, xai_temperature_len=-1)
+    assert calls == ["extend"] and fwd.ddtree_state == {"on": True, "checked": True}
+    o.zero_()
+    fwd(*_args(d, o, 16))  # served by the tree kernel alone now
+    assert calls == ["extend"]
+    assert float((o.float().cpu() - d["want"]).abs().max()) < 2e-2
+    fwd(*_args(d, o, 16, mask=None))  # no custom mask (prefill, the drafter): the extend kernel
+    fwd(*_args(d, o, 16), sliding_window_size=128)  # a sliding window: the extend kernel
+    assert calls == ["extend"] * 3
+
+    wrong = ta.wrap(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
+    wrong(*_args(d, torch.empty_like(d["q"]), 16))
+    assert wrong.ddtree_state == {"on": False, "checked": True}
+
+
+@pytest.mark.skipif(not HAVE_TRITON or torch.cuda.is_available()
+                    or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="triton absent, or the kernels ran above (GPU or interpreter)")
+def test_kernels_in_the_triton_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-k", "not interpreter", __file__], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
