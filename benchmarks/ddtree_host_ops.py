@@ -415,7 +415,8 @@ def load(pkg: Path, session: Session) -> types.SimpleNamespace:
                                                          "ForwardMode": forward_mode},
         "sglang.srt.speculative.spec_utils": {"assign_req_to_token_pool_func": assign},
         "sglang.srt.distributed": {"get_tp_group": lambda: group},
-        "sglang.srt.server_args": {"ServerArgs": object},
+        "sglang.srt.server_args": {"ServerArgs": object, "get_global_server_args":
+                                   lambda: types.SimpleNamespace(sampling_backend="pytorch")},
     }
     root = types.ModuleType("sglang")
     root.__path__ = [str(pkg)]
