@@ -212,3 +212,14 @@ def test_the_probe_reads_where_the_unit_listens_and_its_key_file(tmp_path: Path)
     spec, unit = spec_of(tmp_path, False)
     plain = target_of(unit.replace("--host 0.0.0.0", "--host 10.1.2.3"), spec.unit_name, "h")
     assert plain is not None and plain.addr == "10.1.2.3" and plain.key_file is None
+
+
+def test_a_spec_probe_target_carries_the_bound_address_and_key_file(tmp_path: Path) -> None:
+    """apply's, service up's and bench's probes (ProbeTarget.from_spec) as target_of's."""
+    from ddtree_deploy.health import ProbeTarget
+
+    spec, _ = spec_of(tmp_path, True)
+    target = ProbeTarget.from_spec(spec)
+    assert target.addr == "127.0.0.1" and target.key_file == endpoint.config_file(spec.name)
+    spec, _ = spec_of(tmp_path, False)
+    assert ProbeTarget.from_spec(spec).key_file is None

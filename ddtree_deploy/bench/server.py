@@ -54,7 +54,7 @@ def unit_digest(text: str) -> str:
 def _target(spec: ServiceSpec, **extra: Any) -> ProbeTarget:
     base = ProbeTarget.from_spec(spec)
     values = {k: getattr(base, k) for k in ("port", "unit", "host", "name", "venv", "deployment",
-                                             "input_ids")}
+                                             "input_ids", "addr", "key_file")}
     values.update(extra)
     return ProbeTarget(**values)
 

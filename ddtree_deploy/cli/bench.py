@@ -181,6 +181,11 @@ def run(
                                  "--yes")
             if not typer.confirm("Run the sweep?", default=False):
                 raise typer.Exit(int(ExitCode.FAILED))
+        if dep is not None and base.secrets:  # the key and token files the unit reads
+            from ddtree_deploy.service import endpoint
+
+            endpoint.install_secrets(t, base.name, endpoint.read_secrets(
+                dep.api_key_file, dep.hf_token_file, dep.name), base.user)
         control = (PlainControl(t, path.parent / f"{path.stem}-logs") if mode == "plain"
                    else SystemdControl(t, base.unit_name))
         try:

@@ -37,9 +37,14 @@ class ProbeTarget:
 
     @classmethod
     def from_spec(cls, spec: ServiceSpec) -> ProbeTarget:
+        from ddtree_deploy.service import endpoint
+
         return cls(port=spec.port, unit=spec.unit_name, host=spec.host, name=spec.name,
                    venv=spec.venv, deployment=spec.deployment,
-                   input_ids=True if "--skip-tokenizer-init" in spec.extra_args else None)
+                   input_ids=True if "--skip-tokenizer-init" in spec.extra_args else None,
+                   addr="127.0.0.1" if endpoint.is_open(spec.bind_host) else spec.bind_host,
+                   key_file=endpoint.config_file(spec.name) if "api_key" in spec.secrets
+                   else None)
 
     def context(self, host: str) -> dict[str, object]:
         return {"host": self.host or host, "name": self.name or (self.unit or "").removesuffix(
