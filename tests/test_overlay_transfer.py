@@ -367,7 +367,7 @@ def test_staging_outside_its_venv_is_refused(venv, cache, tmp_path: Path, layout
 def test_blobs_verified_on_arrival_are_not_hashed_again(venv, cache, tmp_path: Path) -> None:
     import json
 
-    from ddtree_deploy.overlay.transfer import staging_check
+    from ddtree_deploy.overlay.push import staging_check
 
     sp, files = venv
     host = LocalTransport()

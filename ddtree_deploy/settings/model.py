@@ -226,37 +226,37 @@ class ServerSettings(StrictModel):
     def _input_problems(self, *, partial: bool, complete: bool) -> list[Problem]:
         errors: list[Problem] = []
         if complete and self.model_path is None:
-            errors.append((("model_path",), "required: no model_path in the deployment, "
-                                 "no --model-path and no models.default on the host", None))
+            errors.append((("model_path",), "required: no model_path in the deployment, no "
+                           "--model-path and no models.default on the host", None))
         if self.ddtree is not None and self.algorithm != "ddtree":
-            errors.append((("ddtree",), "only allowed with algorithm: ddtree, got "
-                                 f"algorithm: {self.algorithm}", self.ddtree.model_dump()))
+            errors.append((("ddtree",), "only allowed with algorithm: ddtree, got algorithm: "
+                           f"{self.algorithm}", self.ddtree.model_dump()))
         if self.algorithm == "ddtree" and self.ddtree is None:
-            errors.append((("algorithm",), "ddtree needs a ddtree: block with budget "
-                                 "and topk", self.algorithm))
+            errors.append((("algorithm",), "ddtree needs a ddtree: block with budget and topk",
+                           self.algorithm))
         if self.algorithm == "ddtree" and self.ddtree is not None:
             for key in ("budget", "topk"):
                 if getattr(self.ddtree, key) is None:
                     errors.append((("ddtree", key), "required with algorithm ddtree", None))
         if not partial and self.algorithm != "none" and self.draft_model_path is None:
-            errors.append((("draft_model_path",), f"required with algorithm "
-                                 f"{self.algorithm} (the draft model)", None))
+            errors.append((("draft_model_path",), f"required with algorithm {self.algorithm} "
+                           "(the draft model)", None))
         page = _flag_value(self.extra_args, "--page-size")
         if self.algorithm == "ddtree" and page is not None and page != "1":
-            errors.append((("extra_args",), f"DDTREE needs --page-size 1 (accepted tree nodes "
+            errors.append((("extra_args",), "DDTREE needs --page-size 1 (accepted tree nodes "
                            f"are not contiguous in the verify block), got --page-size {page}",
                            page))
         if self.full_tree:
-            others = {flag: value for flag, value in
-                      named_attention_backends(self.attention_backend, self.extra_args).items()
-                      if value != "triton"}
-            for flag, value in others.items():
+            for flag, value in named_attention_backends(self.attention_backend,
+                                                        self.extra_args).items():
+                if value == "triton":
+                    continue
                 loc: tuple[str, ...] = ("attention_backend",) if flag == "--attention-backend" \
                     else ("extra_args",)
-                errors.append((loc, f"full-tree DDTREE verification needs the triton "
-                                     f"attention backend, got {flag} {value}: name triton (or "
-                                     "none), or set ddtree.shadow_linear: true to verify the "
-                                     "linear chain only", value))
+                errors.append((loc, "full-tree DDTREE verification needs the triton attention "
+                               f"backend, got {flag} {value}: name triton (or none), or set "
+                               "ddtree.shadow_linear: true to verify the linear chain only",
+                               value))
         return errors
 
     def _host_rules(self, fit: HostFit) -> list[InitErrorDetails]:
