@@ -275,14 +275,14 @@ def hostile_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     names = {"code": "$x^2$ <b>code</b>", "math": "math\n| x |", "json": "json\\input{y}"}
     for cell in data["cells"]:
         cell["workload"] = names.get(cell["workload"], cell["workload"])
-    data["configs"]["dflash"]["config"]["name"] = HOSTILE_LABELS[0] + "$"
+    data["configs"]["dflash"]["config"]["name"] = "=HYPERLINK(\"http://x\")" + HOSTILE_LABELS[0]
     data["configs"]["dflash"]["flags"] = ["--x", "`; rm` ```", "<script>"]
     path = tmp_path_factory.mktemp("hostile") / "results.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     out = path.parent / "report"
     build_report(Results.load(path), out)  # the charts draw: no math text parsed
     return {name: (out / name).read_text(encoding="utf-8")
-            for name in ("report.md", "report.html", "report.tex")}
+            for name in ("report.md", "report.html", "report.tex", "summary.csv")}
 
 
 def test_markdown_shows_labels_as_text(hostile_report: dict[str, str]) -> None:
@@ -303,6 +303,16 @@ def test_html_shows_labels_as_text(hostile_report: dict[str, str]) -> None:
     assert "<img src=x" not in page and "<b>code" not in page and "<script>" not in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     assert "\x1b" not in page and "\x9b" not in page
+
+
+def test_csv_cells_are_never_formulas(hostile_report: dict[str, str]) -> None:
+    for cell in ("=1+1", "+1", "-cmd", "@SUM(A1)"):
+        assert escape.csv_cell(cell) == "'" + cell
+    assert escape.csv_cell(-1.5) == -1.5 and escape.csv_cell("ddtree-15-8") == "ddtree-15-8"
+    assert escape.csv_cell("a\nb") == "a\\x0ab"
+    rows = list(__import__("csv").reader(hostile_report["summary.csv"].splitlines()))
+    assert all(not cell.startswith(("=", "+", "@")) for row in rows for cell in row)
+    assert any(cell.startswith("'=HYPERLINK") for row in rows for cell in row)
 
 
 def test_latex_comment_and_cells_hold_the_label_whole(hostile_report: dict[str, str]) -> None:

@@ -13,7 +13,9 @@ escape (``\\x0a``): a newline would end a LaTeX comment or a Markdown table row.
 - `html`: `html.escape` with quotes;
 - `tex`: LaTeX's special characters as their text commands;
 - `mpl`: matplotlib's text with `$` escaped, so no math text is parsed (an odd `$` or
-  `$\\foo$` would raise while the chart is drawn).
+  `$\\foo$` would raise while the chart is drawn);
+- `csv_cell`: text a spreadsheet would run as a formula (`=`, `+`, `-`, `@` first) gets a
+  leading `'`; numbers are left as they are.
 """
 
 from __future__ import annotations
@@ -63,3 +65,10 @@ def tex(value: object) -> str:
 
 def mpl(value: object) -> str:
     return visible(value).replace("$", "\\$")
+
+
+def csv_cell(value: object) -> object:
+    if isinstance(value, str):
+        text = visible(value)
+        return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+    return value

@@ -112,7 +112,7 @@ def _csv(rows: list[dict[str, Any]], fields: tuple[str, ...]) -> str:
     w = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: "" if r.get(k) is None else r.get(k) for k in fields})
+        w.writerow({k: "" if r.get(k) is None else escape.csv_cell(r.get(k)) for k in fields})
     return buf.getvalue()
 
 
