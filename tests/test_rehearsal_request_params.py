@@ -204,6 +204,14 @@ def test_the_phase_passes_exact_servers_and_fails_both_negative_controls(
     assert not pen["ok"] and pen["served_wrong"] > 0 and pen["refused"] == 0
     assert not got["request-params/rp-ddtree15-penaltyfault/refusals"]["ok"]
     assert got["request-params/rp-nospec/topk-mix"]["ok"]
+    # RESULTS.md's table from this result: every cell ran, the verdict reads PASS
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from request_params_table import table
+
+    text = table(r.result, "dry run")
+    assert "unrun" not in text and "verdict: PASS" in text
+    assert "| topk-mix | pass" in text and "FAIL: 0 refused, 16 served wrong" in text
+    assert table({}).count("unrun") == 7 * 6 + 1
     row = got["request-params/rp-ddtree15/refusals"]["rows"]["min_new_tokens"]
     assert {row[k]["status"] for k in ("generate", "generate-stream", "v1")} == {400}
     assert row["neutral"]["status"] == 200
