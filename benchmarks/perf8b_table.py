@@ -16,7 +16,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-ORDER = ("nospec-8b", "dflash-8b", "ddtree15-8b-old", "ddtree15-8b", "ddtree31-8b")
+ORDER = ("nospec-8b", "dflash-8b", "ddtree15-8b-old", "ddtree15-8b-extendattn", "ddtree15-8b",
+         "ddtree31-8b")
 BATCHES = (1, 8, 32)
 NOSPEC, DFLASH = "nospec-8b", "dflash-8b"
 PROFILE_COLS = (("round_ms", "round ms"), ("gpu_busy_ms", "GPU busy ms"),

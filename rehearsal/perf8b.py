@@ -89,6 +89,9 @@ def servers(models: str, *, old_venv: str | None) -> list[Any]:
            Server("dflash-8b", models, "dflash", tool_probe=False, **common),
            Server("ddtree15-8b", models, "ddtree", 15, 8, **common),
            Server("ddtree31-8b", models, "ddtree", 31, 8, **common)]
+    # the current payload with SGLang's extend kernel for the verify (an A/B of the tree kernel)
+    out.append(Server("ddtree15-8b-extendattn", models, "ddtree", 15, 8, dummy=True,
+                      env=(*ENV, ("SGLANG_DDTREE_TREE_ATTENTION", "0")), extra=EXTRA))
     if old_venv is not None:
         out.append(Server("ddtree15-8b-old", models, "ddtree", 15, 8, venv=old_venv, **common))
     return out

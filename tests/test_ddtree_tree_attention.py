@@ -137,6 +137,13 @@ def test_the_wrapper_serves_verify_blocks_after_one_check_and_leaves_the_rest() 
     wrong = ta.wrap(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
     wrong(*_args(d, torch.empty_like(d["q"]), 16))
     assert wrong.ddtree_state == {"on": False, "checked": True}
+    os.environ["SGLANG_DDTREE_TREE_ATTENTION"] = "0"  # the A/B switch: SGLang's kernel only
+    try:
+        off = ta.wrap(extend)
+    finally:
+        del os.environ["SGLANG_DDTREE_TREE_ATTENTION"]
+    off(*_args(d, o, 16))
+    assert off.ddtree_state == {"on": False, "checked": True} and calls == ["extend"] * 4
 
 
 @pytest.mark.skipif(not HAVE_TRITON or torch.cuda.is_available()

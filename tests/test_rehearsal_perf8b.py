@@ -38,7 +38,9 @@ def test_the_pair_has_qwen3_8b_shape_and_the_drafters_block(tmp_path: Path) -> N
 def test_servers_are_judged_settings_and_the_old_one_only_with_a_snapshot(tmp_path: Path) -> None:
     plain = perf8b.servers("/m", old_venv=None)
     ab = perf8b.servers("/m", old_venv="/w/venv-old")
-    assert [s.name for s in plain] == ["nospec-8b", "dflash-8b", "ddtree15-8b", "ddtree31-8b"]
+    assert [s.name for s in plain] == ["nospec-8b", "dflash-8b", "ddtree15-8b", "ddtree31-8b",
+                                       "ddtree15-8b-extendattn"]
+    assert dict(plain[-1].env)["SGLANG_DDTREE_TREE_ATTENTION"] == "0"
     assert [s.name for s in ab][-1] == "ddtree15-8b-old" and ab[-1].venv == "/w/venv-old"
     for s in ab:
         dep = s.deployment("torch")

@@ -18,12 +18,14 @@ graph's launches, depend only on (batch, N, heads): the split count comes from t
 :func:`wrap` puts it in front of SGLang's extend kernel for the calls it serves (a custom mask,
 every request N queries, no sliding window, sinks or logit cap) and checks it once against that
 kernel on the first such call outside graph capture: a mismatch or an error turns it off for the
-process (the extend kernel serves as before). Imports: torch, triton.
+process (the extend kernel serves as before); ``SGLANG_DDTREE_TREE_ATTENTION=0`` leaves it
+off (for an A/B in one run). Imports: torch, triton.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -200,7 +202,9 @@ def _served(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
 def wrap(extend_fwd: Callable[..., Any]) -> Callable[..., Any]:
     """SGLang's ``extend_attention_fwd`` with verify blocks served by :func:`tree_verify_attention`
     (checked against ``extend_fwd`` on the first one outside graph capture; see the module)."""
-    state: dict[str, Any] = {"on": True, "checked": False}
+    # SGLANG_DDTREE_TREE_ATTENTION=0: SGLang's kernel throughout (an A/B switch, not a setting)
+    on = os.environ.get("SGLANG_DDTREE_TREE_ATTENTION", "1") not in ("0", "")
+    state: dict[str, Any] = {"on": on, "checked": not on}
 
     def run_tree(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> None:
         q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask = args[:10]
