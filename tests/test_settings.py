@@ -205,6 +205,9 @@ def test_a_0_5_17_deployment_renders_the_plugin_s_variables(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--ddtree-budget", "2000"], "--ddtree-budget: must be 1-1024, got 2000"),
+    (["--ddtree-topk", "0"], "--ddtree-topk: must be 1-1024, got 0"),
+    (["--port", "70000"], "--port: must be 1-65535, got 70000"),
+    (["--gpu", "-1"], "--gpu: must be 0 or more, got -1"),
     (["--attention-backend", "nonsense"], "--attention-backend: expected 'triton'"),
     (["--mem-fraction-static", "0"], "--mem-fraction-static: must be between 0 and 1"),
     (["--algorithm", "dflash", "--ddtree-topk", "4"], "--ddtree-topk: only allowed"),
