@@ -65,12 +65,15 @@ class Server:
     # probe, whose sampled generation hangs DFLASH on dummy weights (run 5: its sampled verify
     # never returned, and the spinning server slowed every other one on the GPU).
     tool_probe: bool = True
+    # the venv's SGLang: 0.5.11 takes the patch set, 0.5.17+ the plugin (the tool renders each
+    # form's argv and environment from it)
+    sglang: str = "0.5.11"
     venv: str | None = None  # another venv than the rehearsal's (perf-8b: an earlier payload)
 
     def deployment(self, venv_ref: str) -> dict:
         dep: dict = {
             "host": "localhost", "venv": venv_ref, "cuda_lane": "cu130",
-            "sglang": {"version": "0.5.11"}, "payload": self.algorithm == "ddtree",
+            "sglang": {"version": self.sglang}, "payload": self.algorithm == "ddtree",
             "gpu": 0, "port": self.port,
             "model_path": f"{self.models}/target", "algorithm": self.algorithm,
             "grammar_backend": "none", "mem_fraction_static": self.mem_fraction,

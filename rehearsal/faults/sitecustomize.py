@@ -26,12 +26,16 @@ import os
 import sys
 
 FAULT = os.environ.get("REHEARSAL_FAULT", "")
+# Each fault's module in the 0.5.11 patch set (mapped into SGLang) and in the plugin form
+# (ddtree-sglang-plugin: the shared core as ``ddtree``, the verify round as ddtree_sglang.verify).
+_VERIFY = ("sglang.srt.speculative.ddtree_verify", "ddtree_sglang.verify")
+_SAMPLING = ("sglang.srt.speculative.ddtree_sampling", "ddtree.sampling")
 _MODULES = {
-    "mask": "sglang.srt.speculative.ddtree_verify",
-    "greedy-follow": "sglang.srt.speculative.ddtree_sampling",
-    "hot": "sglang.srt.speculative.ddtree_sampling",
-    "topk-shortcut": "sglang.srt.speculative.ddtree_sampling",
-    "admit-penalties": "sglang.srt.speculative.ddtree_admission",
+    "mask": _VERIFY,
+    "greedy-follow": _SAMPLING,
+    "hot": _SAMPLING,
+    "topk-shortcut": _SAMPLING,
+    "admit-penalties": ("sglang.srt.speculative.ddtree_admission", "ddtree.admission"),
 }
 
 
@@ -82,7 +86,7 @@ def _patch(module):  # type: ignore[no-untyped-def]
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-        if name != _MODULES.get(FAULT):
+        if name not in _MODULES.get(FAULT, ()):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from ddtree.core import draft_topk
 from ddtree.graphs import GraphCache
-from ddtree.sampling import sample_tokens
+from ddtree.sampling import sample_tokens, top_k_bounds
 from ddtree.vocab import row_chunks, topk_logprobs
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.speculative import dflash_worker_v2 as _v2
@@ -224,23 +224,26 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the DFLASH drafter returned no hidden states.")
         return hidden.view(bs, block, -1)
 
-    def _target_tokens(self, batch: Any, draft_input: Any, logits: torch.Tensor, bs: int,
-                       n: int) -> torch.Tensor:
-        """The target's token after every slot ``[bs, n]``: argmax, or its sample where asked."""
+    def _target_tokens(self, batch: Any, logits: torch.Tensor, bs: int, n: int) -> torch.Tensor:
+        """The target's token after every slot ``[bs, n]``: argmax, or its sample where asked
+        (the same law as the 0.5.11 patch set's ``DDTreeVerifyInput._target_tokens``)."""
         info = batch.sampling_info
         if info is None or info.is_all_greedy:
             return torch.argmax(logits, dim=-1).view(bs, n)
         min_ps = info.min_ps.reshape(-1) if info.need_min_p_sampling else None
-        max_top_k = getattr(draft_input, "max_top_k", None) or max(
-            (int(r.sampling_params.top_k) for r in batch.reqs), default=1)
+        max_top_k, min_top_k = top_k_bounds(r.sampling_params.top_k for r in batch.reqs)
 
         def rows(t: torch.Tensor) -> torch.Tensor:
             return torch.repeat_interleave(t.reshape(-1), n)
 
+        backend = getattr(self.server_args, "sampling_backend", None)
         return sample_tokens(
             logits, rows(info.temperatures), rows(info.top_ks), rows(info.top_ps),
             None if min_ps is None else rows(min_ps),
-            max_top_k=max(1, int(max_top_k)), need_top_p=bool(info.need_top_p_sampling),
+            max_top_k=max_top_k, min_top_k=min_top_k, need_top_p=bool(info.need_top_p_sampling),
+            # SGLang's flashinfer sampler filters top-k, then top-p, then min-p in turn when a
+            # batch has a min-p row; its pytorch path filters jointly (sampler.py).
+            top_p_after_top_k=bool(info.need_min_p_sampling) and backend == "flashinfer",
         ).view(bs, n)
 
     def _verify(self, batch: Any, plan: TreeRound, mask_index: torch.Tensor | None,
@@ -295,7 +298,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=n)
-        target = self._target_tokens(batch, draft_input, logits, bs, n)
+        target = self._target_tokens(batch, logits, bs, n)
         if self._plan_graphs.holds(bs, plan):
             result, _ = self._walk_graphs(bs, plan, target)
         else:
