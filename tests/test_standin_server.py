@@ -32,6 +32,7 @@ from ddtree_lab import standin_dist
 
 WHEELS = {  # a package state's folder -> the real wheel installed there (tests/wheels.toml)
     "sglang-0.5.11": ("sglang", "0.5.11"), "sglang-0.5.10": ("sglang", "0.5.10"),
+    "sglang-0.5.17": ("sglang", "0.5.17"),
     "fi-0.6.3": ("flashinfer-python", "0.6.3"), "fi-0.6.8": ("flashinfer-python", "0.6.8.post1"),
     "xg-0.1.10": ("xgrammar", "0.1.10"), "xg-0.1.32": ("xgrammar", "0.1.32"),
     "soundfile": ("soundfile", "0.13.1"), "cffi": ("cffi", "2.0.0"),
@@ -289,6 +290,30 @@ def test_grammar_backend_none_skips_xgrammar(lab: dict[str, Path]) -> None:
     env = _env(lab, pkgs, _spec(lab["root"], SM120), CUDA_VISIBLE_DEVICES="3")
     out = _launch(lab, env, *_models(lab), "--grammar-backend", "none")
     assert out.stderr.rstrip().endswith("No CUDA GPUs are available")
+
+
+PLUGIN_FLAGS = ("--speculative-num-draft-tokens", "16", "--disable-overlap-schedule",
+                "--page-size", "1", "--attention-backend", "triton")
+
+
+def test_0517_flags_come_from_its_fields_and_ddtree_needs_the_plugin(lab: dict[str, Path]
+                                                                     ) -> None:
+    """0.5.17 declares its flags as ServerArgs fields (A[T, Arg(...)]): the plugin form's argv
+    parses (no --speculative-ddtree-* flag exists), and without the plugin's entry point the
+    real from_string refuses DDTREE; a real 0.5.11 flag is refused as 0.5.17 refuses it."""
+    env = _env(lab, ["sglang-0.5.17", "torch-cu128"], _spec(lab["root"], SM120))
+    models = _models(lab)
+    models[3] = "DDTREE"
+    out = _launch(lab, env, *models, *PLUGIN_FLAGS)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.rstrip().splitlines()[-1] == \
+        "ValueError: Unknown speculative algorithm name: DDTREE"
+    out = _launch(lab, env, *models, *PLUGIN_FLAGS, "--speculative-ddtree-budget", "8")
+    assert out.returncode == 2
+    assert "unrecognized arguments: --speculative-ddtree-budget 8" in out.stderr
+    out = _launch(lab, env, *_models(lab), *PLUGIN_FLAGS[:2])  # DFLASH is a builtin there
+    assert out.stderr.rstrip().splitlines()[-1] == \
+        "ModuleNotFoundError: No module named 'sgl_kernel'"
 
 
 def test_payload_half_applied_from_string_and_ddtree_flags(lab: dict[str, Path],

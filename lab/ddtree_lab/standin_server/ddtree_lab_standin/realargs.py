@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ddtree_lab_standin.realfields import add_fields
+
 _TYPES: dict[str, Any] = {"int": int, "float": float}
 _NOT_LITERAL = object()
 
@@ -146,6 +148,7 @@ def build_parser(server_args_file: Path) -> argparse.ArgumentParser:
     names = _module_constants(tree)
     parser = argparse.ArgumentParser(prog=parser_prog(text))
     _add_all(parser, tree, names)
+    add_fields(parser, tree, names, _literal, _NOT_LITERAL)  # 0.5.17+: A[...] fields
     for extra in _flag_modules(tree, server_args_file):
         sub = ast.parse(extra.read_text(encoding="utf-8"), filename=str(extra))
         _add_all(parser, sub, {**names, **_module_constants(sub)})
