@@ -231,3 +231,34 @@ def test_service_up_refuses_bad_flags_before_any_host(monkeypatch: pytest.Monkey
     assert isinstance(result.exception, UsageError), result.output
     assert str(result.exception).startswith(message)
     assert result.exception.exit_code == ExitCode.USAGE
+
+
+def test_the_gpu_smoke_starts_sglang_0_5_17_with_the_tool_s_flags(tmp_path: Path) -> None:
+    """rehearsal/plugin_smoke.py's server (run on the H200, GPU call 1) takes the same flags and
+    DDTree variables that server_command makes for its settings: what the GPU proves is what the
+    tool renders (flag order aside: argparse does not care)."""
+    from rehearsal import plugin_smoke
+
+    models = tmp_path / "m"
+    argv = plugin_smoke.server_argv("ddtree", models, 31001, 8, 4096)
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    settings = ServerSettings.model_validate({
+        "model_path": str(models / "target"), "draft_model_path": str(models / "draft"),
+        "algorithm": "ddtree", "ddtree": {"budget": 15, "topk": 8},
+        "attention_backend": "triton", "sampling_backend": "pytorch", "grammar_backend": "none",
+        "mem_fraction_static": 0.5, "context_length": 4096,
+        "extra_args": ["--skip-tokenizer-init", "--dtype", "bfloat16", "--max-total-tokens",
+                       "65536", "--max-running-requests", "32", "--cuda-graph-max-bs", "32",
+                       "--random-seed", "1234"]})
+    ours = server_command(settings, "0.5.17", port=31001, bind_host="127.0.0.1", draft_tokens=8)
+
+    def flags(args: list[str] | tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for i, a in enumerate(args):
+            if a.startswith("--"):
+                out[a] = tuple(x for x in args[i + 1:i + 2] if not x.startswith("--"))
+        return out
+
+    assert flags(argv[3:]) == flags(ours.args)
+    smoke_env = {"SGLANG_DDTREE_BUDGET": "15", "SGLANG_DDTREE_TOPK": "8"}  # plugin_smoke.main
+    assert dict(ours.plugin_env) == smoke_env
