@@ -223,3 +223,22 @@ def test_a_spec_probe_target_carries_the_bound_address_and_key_file(tmp_path: Pa
     assert target.addr == "127.0.0.1" and target.key_file == endpoint.config_file(spec.name)
     spec, _ = spec_of(tmp_path, False)
     assert ProbeTarget.from_spec(spec).key_file is None
+
+
+def test_doctor_asks_for_pyyaml_when_the_key_goes_through_config(tmp_path: Path) -> None:
+    """SGLang reads --config with PyYAML (server_args_config_parser.py imports yaml)."""
+    from test_rules import ct200, models, venv_healthy
+
+    from ddtree_deploy.rules import diagnose
+
+    config = load_config(hosts_file(tmp_path, True))
+    dep = config.deployment("sglang-ddtree")
+    venv = venv_healthy()
+    found = diagnose(ct200(venv), venv=venv.path, deployment=dep, model_facts=models())
+    (yaml,) = [f for f in found if f.id == "deploy.config-needs-yaml"]
+    assert yaml.severity == "error" and "pyyaml" in yaml.remedy
+    with_yaml = venv.model_copy(update={"distributions": {**venv.distributions,
+                                                          "PyYAML": "6.0.2"}})
+    ids = [f.id for f in diagnose(ct200(with_yaml), venv=venv.path, deployment=dep,
+                                  model_facts=models())]
+    assert "deploy.config-needs-yaml" not in ids and "deploy.open-endpoint" not in ids

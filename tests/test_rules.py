@@ -216,6 +216,10 @@ def test_healthy_cu130_venv_has_no_errors(dep: Deployment) -> None:
     found = diagnose(facts, venv="/root/venv_sglang211", deployment=dep, model_facts=models())
     assert ids(found) == ["deploy.open-endpoint", "model.fit"]  # 0.0.0.0 without a key: warned
     keyed = dep.model_copy(update={"api_key_file": Path("/ws/key")})
+    healthy = venv_healthy()  # its key goes through --config, read with PyYAML
+    healthy = healthy.model_copy(update={"distributions": {**healthy.distributions,
+                                                           "pyyaml": "6.0.2"}})
+    facts = ct200(venv_training(), healthy)
     found = diagnose(facts, venv="/root/venv_sglang211", deployment=keyed, model_facts=models())
     assert [f for f in found if f.severity != "info"] == []
     assert ids(found) == ["model.fit"]

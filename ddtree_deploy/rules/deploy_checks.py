@@ -13,6 +13,7 @@ from ddtree_deploy.errors import RefusedError
 from ddtree_deploy.facts.model import GpuProcess, Listener
 from ddtree_deploy.rules import findings
 from ddtree_deploy.rules.context import Rule, RuleContext
+from ddtree_deploy.rules.deploy_endpoint import config_yaml, open_endpoint, venv_role
 from ddtree_deploy.rules.findings import Finding
 from ddtree_deploy.rules.floors import base_version, parse_version, sglang_wheel
 from ddtree_deploy.rules.model_fit import (
@@ -386,48 +387,10 @@ def ddtree_verify_width(ctx: RuleContext) -> Iterable[Finding]:
     )  # fmt: skip
 
 
-def venv_role(ctx: RuleContext) -> Iterable[Finding]:
-    """A deployment served from a source or training venv: apply will not write into it."""
-    dep, spec = ctx.deployment, ctx.venv_spec
-    if dep is None or spec is None or not spec.protected:
-        return
-    path = str(spec.path)
-    yield Finding(
-        id="deploy.venv-role", severity="warning",
-        message=f"deployment {dep.name} runs from venv {path}, whose role is {spec.role}: plan "
-        "and apply refuse to write into it (packages, CUDA lane, payload, a clone into it); "
-        "running a service from it stays allowed",
-        evidence={"venv": path, "role": spec.role, "deployment": dep.name},
-        remedy=f"serve from a venv of role serving cloned from it (hosts.yaml: a venv with "
-        f"create: {{clone: {dep.venv}}}, named in deployments.{dep.name}.venv), then "
-        f"{findings.apply(dep.host)}; or set venvs.{dep.venv}.allow_writes: true for host "
-        f"{dep.host} to let the tool change it",
-    )  # fmt: skip
-
-
-def open_endpoint(ctx: RuleContext) -> Iterable[Finding]:
-    """The server listens on every interface and asks no API key: anyone who reaches it."""
-    dep = ctx.deployment
-    if dep is None or dep.api_key_file is not None:
-        return
-    bind = dep.bind or "0.0.0.0"
-    if bind not in ("0.0.0.0", "::", "[::]"):
-        return
-    yield Finding(
-        id="deploy.open-endpoint", severity="warning",
-        message=f"deployment {dep.name} listens on {bind} (every interface) without an API "
-        "key: anyone who can reach the port can use the model",
-        evidence={"bind": bind, "port": dep.port, "api_key_file": None},
-        remedy=f"set deployments.{dep.name}.api_key_file (a file on this workstation holding "
-        f"the key: it goes into a 0600 file SGLang reads with --config), or bind: 127.0.0.1 "
-        f"for local clients only; then {findings.apply(dep.host)}",
-    )  # fmt: skip
-
-
 # Rules about the host's resources (run once) and about the deployment's venv (per venv).
 # python_glibc runs with the deployment's venv when it exists, else with the host's Python.
 DEPLOY_HOST_RULES: tuple[Rule, ...] = (gpu_problems, tp_gpus, port_taken, ddtree_attention,
                                        ddtree_verify_width, python_glibc, venv_role,
                                        open_endpoint)
 DEPLOY_VENV_RULES: tuple[Rule, ...] = (lane_mismatch, sglang_version, no_dflash, payload_matrix,
-                                       ddtree_payload)
+                                       ddtree_payload, config_yaml)
