@@ -103,6 +103,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                            "module entry puts it in integration)")
     if guard.current is not None:
         guard.current.clear()
+    if report.skipped and report.when in ("setup", "call") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        refused = tiers.ci_skip_refused(reason.removeprefix("Skipped: "),
+                                        bool(os.environ.get("CI")))
+        if refused:
+            report.outcome = "failed"
+            report.longrepr = refused
 
 
 def lab_possible() -> str | None:

@@ -107,3 +107,19 @@ def test_matplotlibs_font_cache_is_built_without_a_process() -> None:
     manager = font_manager._load_fontmanager(try_read_cache=False)  # as with an empty cache
     assert manager.ttflist and all(f.fname.startswith(os.path.dirname(font_manager.__file__))
                                    for f in manager.ttflist)
+
+
+@pytest.mark.parametrize(("reason", "ci", "refused"), [
+    ("needs a CUDA GPU", True, False),
+    ("this machine has libcuda.so.1", True, False),
+    ("no sock_diag netlink here", True, False),
+    ("zstd is needed on the source", True, True),
+    (".test-wheels/x-1-py3-none-any.whl is not fetched", True, True),
+    ("zstd is needed on the source", False, False),
+])
+def test_in_ci_only_what_the_machine_cannot_have_may_skip(reason: str, ci: bool,
+                                                          refused: bool) -> None:
+    said = tiers.ci_skip_refused(reason, ci)
+    assert (said is not None) == refused
+    if said:
+        assert said.startswith(f"skipped in CI: {reason} (")
