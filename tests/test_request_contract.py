@@ -65,9 +65,9 @@ def wheel_fields(release: str) -> dict[str, list[str]]:
             "GenerateReqInput": _fields(request, "GenerateReqInput")}
 
 
-def doc_rows() -> dict[str, dict[str, tuple[set[str], str]]]:
-    """table -> field -> (releases, DDTREE column)."""
-    tables: dict[str, dict[str, tuple[set[str], str]]] = {}
+def doc_rows() -> dict[str, dict[str, tuple[set[str], str, str]]]:
+    """table -> field -> (releases, DDTREE column, why column)."""
+    tables: dict[str, dict[str, tuple[set[str], str, str]]] = {}
     current = ""
     for line in DOC.read_text().splitlines():
         heading = re.match(r"## `(\w+)`", line)
@@ -75,10 +75,10 @@ def doc_rows() -> dict[str, dict[str, tuple[set[str], str]]]:
             current = heading.group(1)
             tables[current] = {}
             continue
-        row = re.match(r"\| `(\w+)` \| ([^|]+) \| ([^|]+) \|", line)
+        row = re.match(r"\| `(\w+)` \| ([^|]+) \| ([^|]+) \| (.*) \|$", line)
         if row and current:
             releases = {r.strip() for r in row.group(2).split(",")}
-            tables[current][row.group(1)] = (releases, row.group(3).strip())
+            tables[current][row.group(1)] = (releases, row.group(3).strip(), row.group(4).strip())
     return tables
 
 
@@ -92,14 +92,16 @@ def test_every_field_of_the_release_has_a_row_and_a_rule(release: str) -> None:
              "GenerateReqInput": admission.REQUEST_RULES}
     for table, fields in wheel_fields(release).items():
         assert len(fields) > 20, f"{table}: too few fields read ({fields})"
-        missing_row = [f for f in fields if release not in rows[table].get(f, (set(), ""))[0]]
+        missing_row = [f for f in fields
+                       if release not in rows[table].get(f, (set(), "", ""))[0]]
         assert not missing_row, f"{table} of {release}: no row in {DOC.name} for {missing_row}"
         missing_rule = [f for f in fields if f not in rules[table]]
         assert not missing_rule, f"{table} of {release}: no admission rule for {missing_rule}"
         for f in fields:
-            rule, said = rules[table][f], rows[table][f][1]
+            rule, (_, said, why) = rules[table][f], rows[table][f]
             want = KIND.get(rule.kind, f"neutral only ({rule.neutral})")
             assert said == want, f"{table}.{f}: the contract says {said!r}, the rule {want!r}"
+            assert why == rule.why, f"{table}.{f}: the contract's reason is not the rule's"
 
 
 def test_a_field_without_a_row_fails_the_check(monkeypatch: pytest.MonkeyPatch,

@@ -111,8 +111,8 @@ def _refused(why: str) -> Rule:
 
 _NO_PATH_PENALTY = ("DDTREE does not penalise each tree node by its own path's tokens, so a "
                     "non-neutral value would be served differently")
-_GRAMMAR = "grammar-constrained decoding is not supported by DFLASH/DDTREE speculative decoding"
-_LOGPROB = "logprobs are not returned by DFLASH/DDTREE speculative decoding"
+_GRAMMAR = "the tree's verify applies no grammar mask (grammar-constrained decoding unsupported)"
+_LOGPROB = "the tree's verify returns no logprobs"
 _UNTESTED = "not verified exact under DDTREE"
 _BOOK = "bookkeeping or routing: the tokens do not depend on it"
 _EXACT_STOP = "checked after every committed token, as without speculation"
