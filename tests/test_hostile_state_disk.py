@@ -123,3 +123,14 @@ def test_a_full_state_disk_is_not_blamed_on_the_host(tmp_path: Path, full_disk: 
     assert str(tmp_path / "facts") in str(info.value)
     assert "ct200:" not in str(info.value).split(str(tmp_path))[0]
     assert [p for p in (tmp_path / "facts").rglob("*") if p.is_file()] == []
+
+
+def test_a_fifo_planted_as_a_facts_cache_file_is_skipped_not_waited_on(tmp_path: Path) -> None:
+    from ddtree_deploy.facts.cache import FactsCache
+
+    cache = FactsCache(tmp_path / "facts")
+    spec = HostSpec(name="ct200", address="10.0.0.2")
+    path = cache.save(spec, _Facts())  # type: ignore[arg-type]
+    path.unlink()
+    os.mkfifo(path)
+    assert cache.load(spec) is None  # returns at once: a plain read would wait for a writer

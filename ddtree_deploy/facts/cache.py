@@ -48,10 +48,13 @@ class FactsCache:
 
     def load(self, spec: HostSpec, max_age_s: float = DEFAULT_MAX_AGE_S) -> Facts | None:
         """Fresh facts for the host, or None (missing, too old, unreadable, older schema)."""
+        from ddtree_deploy.config.yamlload import read_config_bytes
+        from ddtree_deploy.errors import ConfigError
+
         path = self._file(spec)
-        try:
-            facts = Facts.model_validate_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, ValidationError):
+        try:  # the bounded reader: a FIFO or device planted there is skipped, never waited on
+            facts = Facts.model_validate_json(read_config_bytes(path, "facts", limit=64 << 20))
+        except (ConfigError, ValueError, ValidationError):
             return None
         if facts.schema_version != SCHEMA_VERSION or time.time() - facts.taken_at > max_age_s:
             return None
