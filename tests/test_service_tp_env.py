@@ -189,7 +189,8 @@ def test_environment_and_sampling_backend_are_validated_when_loaded(tmp_path: Pa
         ("LD_LIBRARY_PATH", "LD_LIBRARY_PATH is set by ddtree-deploy itself from the venv's "
                             "own nvidia library folders"),
         ("NCCL_IB_HCA", "expected a value in quotes (YAML reads this as a number)"),
-        ("NCCL_NL", "expected a value without control characters (got '\\n')"),
+        ("NCCL_NL", "expected a value without control characters or line separators: it "
+                    "contains '\\n' (U+000A"),
         ("NCCL_NUL", "contains a NUL character"),  # the YAML loader's own check
         ("HF_TOKEN", "looks like a secret"),
         ("sampling_backend", "expected 'flashinfer', 'pytorch' or 'ascend', got 'triton'"),

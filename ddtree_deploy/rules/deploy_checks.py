@@ -24,6 +24,7 @@ from ddtree_deploy.rules.model_fit import (
     verify_width_remedy,
 )
 from ddtree_deploy.rules.placement import choose_gpus
+from ddtree_deploy.settings.model import flag_value, named_attention_backends
 
 
 def _own_pids(ctx: RuleContext, dep: Deployment) -> set[int]:
@@ -285,33 +286,13 @@ def ddtree_payload(ctx: RuleContext) -> Iterable[Finding]:
         )  # fmt: skip
 
 
-_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend",
-                  "--decode-attention-backend")
-
-
-def _named_backends(dep: Deployment) -> dict[str, str]:
-    """The attention backends a deployment names: its field and any in extra_args."""
-    named: dict[str, str] = {}
-    if dep.attention_backend:
-        named["--attention-backend"] = dep.attention_backend
-    args = list(dep.extra_args)
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in _BACKEND_FLAGS:
-            if not eq and i + 1 < len(args):
-                value = args[i + 1]
-            if value:
-                named[flag] = value
-    return named
-
-
 def ddtree_attention(ctx: RuleContext) -> Iterable[Finding]:
     """Full-tree DDTREE verifies with the triton backend only (the payload picks triton when
     none is named); shadow-linear verifies the chain, which every DFlash backend serves."""
     dep = ctx.deployment
     if dep is None or dep.algorithm != "ddtree":
         return
-    named = _named_backends(dep)
+    named = named_attention_backends(dep.attention_backend, dep.extra_args)
     others = {flag: value for flag, value in named.items() if value != "triton"}
     shadow = bool(dep.ddtree and dep.ddtree.shadow_linear)
     evidence = {"algorithm": dep.algorithm, "shadow_linear": shadow, "backends": named}
@@ -340,12 +321,8 @@ def ddtree_attention(ctx: RuleContext) -> Iterable[Finding]:
 
 
 def _flag_int(args: list[str], flag: str) -> int | None:
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name == flag:
-            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            return int(text) if text.isdigit() else None
-    return None
+    text = flag_value(args, flag)
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def ddtree_verify_width(ctx: RuleContext) -> Iterable[Finding]:

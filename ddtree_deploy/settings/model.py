@@ -123,7 +123,7 @@ def named_attention_backends(attention_backend: str | None,
 Problem = tuple[tuple[str | int, ...], str, Any]  # (field path, message, the value)
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
+def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
     """The value `args` give `flag` (`--flag V` or `--flag=V`), the last one; None if absent."""
     found = None
     for i, arg in enumerate(args):
@@ -241,7 +241,7 @@ class ServerSettings(StrictModel):
         if not partial and self.algorithm != "none" and self.draft_model_path is None:
             errors.append((("draft_model_path",), f"required with algorithm {self.algorithm} "
                            "(the draft model)", None))
-        page = _flag_value(self.extra_args, "--page-size")
+        page = flag_value(self.extra_args, "--page-size")
         if self.algorithm == "ddtree" and page is not None and page != "1":
             errors.append((("extra_args",), "DDTREE needs --page-size 1 (accepted tree nodes "
                            f"are not contiguous in the verify block), got --page-size {page}",
