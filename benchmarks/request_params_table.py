@@ -17,7 +17,7 @@ from typing import Any
 
 SERVERS = ("rp-nospec", "rp-dflash", "rp-ddtree15", "rp-ddtree31-nograph",
            "rp-ddtree15-topkfault", "rp-ddtree15-penaltyfault")
-CHECKS = ("refusals", "greedy", "topk-mix", "penalty", "multiturn", "abort", "leaks")
+CHECKS = ("refusals", "greedy", "topk-mix", "penalty", "multiturn", "abort", "parallel-n", "leaks")
 
 
 def _detail(check: str, v: Mapping[str, Any]) -> str:
@@ -28,7 +28,7 @@ def _detail(check: str, v: Mapping[str, Any]) -> str:
         refused = sum(1 for r in rows.values() for k in ("generate", "generate-stream", "v1")
                       if r.get(k, {}).get("status") == 400 and r[k].get("named"))
         return f"{refused}/{3 * len(rows)} refused naming it"
-    if check == "greedy":
+    if check in ("greedy", "parallel-n"):
         return f"{v.get('requests', 0) - len(v.get('wrong', []))}/{v.get('requests', 0)} equal"
     if check == "topk-mix":
         k2 = v.get("top_k 2", {})

@@ -13,7 +13,10 @@ Checks, per server, all in mixed concurrent batches:
   naming the parameter and DDTREE, no token; the same row's neutral value is served.
 * ``greedy``: 48 requests mixing max_new_tokens 1-12 and 16-64, stop_token_ids taken from the
   closed-form path (the output must end there), neutral penalties as OpenAI clients send them,
-  EOS honoured (ignore_eos false); output ids equal to no speculation's, request by request.
+  EOS honoured (ignore_eos false; some true), 8 streamed; output ids equal to no speculation's,
+  request by request.
+* ``parallel-n``: 8 of those requests with n 2 (SGLang first sends a max_new_tokens 0 request to
+  cache the prefix, then the copies), last of the token checks (a crash there costs no other).
 * ``topk-mix``: 16 requests with top-k 2 beside 16 leaving top-k unset (temperature 8, top-p 1):
   768 sampled transitions of the top-k 2 rows; one token outside the target's top 2 fails (the
   old shortcut puts nearly all of them outside), and so does a share of transitions to the
@@ -167,6 +170,8 @@ def _greedy_jobs(design: Any, seed: int) -> list[dict[str, Any]]:
             sp["stop_token_ids"] = [path[len(path) // 2]]
         if i % 5 == 0:
             sp.update(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0)
+        if i % 7 == 3:
+            sp["ignore_eos"] = True
         jobs.append({"input_ids": prompt, "sampling_params": sp, "stream": i % 6 == 0})
     return jobs
 
@@ -182,7 +187,10 @@ def _outputs(port: int, jobs: list[dict[str, Any]]) -> list[Any]:
         status, text = post(port, "/generate", job, timeout=120)
         if status != 200:
             return {"status": status, "text": text[:200]}
-        return json.loads(text).get("output_ids")
+        data = json.loads(text)
+        if isinstance(data, list):  # n > 1: one answer per copy
+            return [d.get("output_ids") for d in data]
+        return data.get("output_ids")
 
     with ThreadPoolExecutor(max_workers=32) as pool:
         return list(pool.map(one, jobs))
@@ -199,8 +207,9 @@ def greedy(port: int, reference: list[Any], jobs: list[dict[str, Any]]) -> dict[
             "with_stop_id": sum("stop_token_ids" in j["sampling_params"] for j in jobs)}
 
 
+# (the unset rows carry a sampling_seed: served, with the target's law, as without speculation)
 KINDS: dict[str, dict[str, Any]] = {"top_k 2": {"top_k": 2}, "top_p 0.5": {"top_p": 0.5},
-                                   "min_p 0.3": {"min_p": 0.3}, "unset": {}}
+                                   "min_p 0.3": {"min_p": 0.3}, "unset": {"sampling_seed": 7}}
 # Two waves, one after the other: top-k 2 beside rows that leave everything unset (a batch with
 # a top-p or min-p row takes the sorted path, which would hide the old shortcut), then top-p and
 # min-p rows beside unset ones. (kind, requests) per wave.
@@ -380,6 +389,9 @@ def run_phase(r: Any, mine: list[Any], work: Path) -> None:
                                                         "max_new_tokens": 40}} for j in jobs[:16]]
     pen_ref, pen_plain = _outputs(port[REFERENCE], pen_jobs), _outputs(port[REFERENCE], plain)
     turns_ref = multiturn(port[REFERENCE], lad)["turns"]
+    n_jobs = [{**j, "stream": False, "sampling_params": {**j["sampling_params"], "n": 2}}
+              for j in jobs[1:17:2]]
+    n_ref = _outputs(port[REFERENCE], n_jobs)
 
     def one(name: str) -> None:
         ddtree = name.startswith("rp-ddtree")
@@ -389,7 +401,8 @@ def run_phase(r: Any, mine: list[Any], work: Path) -> None:
                  ("topk-mix", lambda: topk_mix(p, logits)),
                  ("penalty", lambda: penalty(p, pen_jobs, pen_ref, pen_plain, ddtree)),
                  ("multiturn", lambda: multiturn(p, lad, turns_ref)),
-                 ("abort", lambda: abort(p, lad)))
+                 ("abort", lambda: abort(p, lad)),
+                 ("parallel-n", lambda: greedy(p, n_ref, n_jobs)))
         for step, fn in steps:
             if r.left() < 25:
                 r.result["not_run"].append({"step": f"request-params {name} {step}",

@@ -113,7 +113,12 @@ class _Handler(BaseHTTPRequestHandler):
         why = self._admit({k: v for k, v in body.items()})
         if why:
             return self._reply(400, {"error": {"message": why}})
-        ids = _tokens(self.mode, body["input_ids"], body.get("sampling_params") or {}, self.rng)
+        sp = body.get("sampling_params") or {}
+        ids = _tokens(self.mode, body["input_ids"], sp, self.rng)
+        if int(sp.get("n", 1)) > 1 and not body.get("stream"):  # SGLang: one answer per copy
+            return self._reply(200, [{"output_ids": _tokens(self.mode, body["input_ids"], sp,
+                                                            self.rng), "meta_info": {}}
+                                     for _ in range(int(sp["n"]))])
         if not body.get("stream"):
             return self._reply(200, {"output_ids": ids, "meta_info": {}})
         self.send_response(200)
@@ -189,7 +194,8 @@ def test_the_phase_passes_exact_servers_and_fails_both_negative_controls(
            if not v.get("ok") and "fault" not in k and "dflash" not in k}
     assert verdict["ok"], bad
     for name in ("rp-ddtree15", "rp-ddtree31-nograph"):
-        for check in ("refusals", "greedy", "topk-mix", "penalty", "multiturn", "abort", "leaks"):
+        for check in ("refusals", "greedy", "topk-mix", "penalty", "multiturn", "abort",
+                      "parallel-n", "leaks"):
             assert got[f"request-params/{name}/{check}"]["ok"], (name, check)
     assert got["request-params/rp-ddtree15/topk-mix"]["top_k 2"]["transitions"] == 16 * 48
     # each control fails where its fault is, and only there among the token checks
@@ -211,7 +217,7 @@ def test_the_phase_passes_exact_servers_and_fails_both_negative_controls(
     text = table(r.result, "dry run")
     assert "unrun" not in text and "verdict: PASS" in text
     assert "| topk-mix | pass" in text and "FAIL: 0 refused, 16 served wrong" in text
-    assert table({}).count("unrun") == 7 * 6 + 1
+    assert table({}).count("unrun") == 8 * 6 + 1
     row = got["request-params/rp-ddtree15/refusals"]["rows"]["min_new_tokens"]
     assert {row[k]["status"] for k in ("generate", "generate-stream", "v1")} == {400}
     assert row["neutral"]["status"] == 200
