@@ -312,13 +312,6 @@ class Deployment(_Model, ServerSettings):
     def unit_name(self) -> str:
         return f"{self.service_name}.service"
 
-    @property
-    def settings(self) -> ServerSettings:
-        """The server's settings as this deployment writes them (the file's layer)."""
-        return ServerSettings.model_construct(
-            _fields_set=self.model_fields_set & set(ServerSettings.model_fields),
-            **{k: getattr(self, k) for k in ServerSettings.model_fields})
-
 
 def local_host() -> HostSpec:
     """The workstation itself; needs no entry in hosts.yaml."""
