@@ -218,3 +218,32 @@ def test_a_refused_secret_is_not_repeated_in_the_message(tmp_path: Path) -> None
         load_config(path)
     assert "--api-key would put a secret" in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+# Every name and path pattern of the tool, with a final newline appended to a valid value:
+# `$` matches before it, `\Z` does not (module, pattern attribute, a valid value).
+PATTERNS: list[tuple[str, str, str]] = [
+    ("ddtree_deploy.config.schema", "HOST_NAME_RE", "ct200"),
+    ("ddtree_deploy.config.schema", "ITEM_NAME_RE", "serve"),
+    ("ddtree_deploy.config.schema", "UNIT_STEM_RE", "sglang-ddtree"),
+    ("ddtree_deploy.settings.values", "ENV_NAME_RE", "NCCL_X"),
+    ("ddtree_deploy.overlay.lanefile", "LANE_NAME_RE", "cu130"),
+    ("ddtree_deploy.overlay.lanefile", "MODULE_RE", "torch.cuda"),
+    ("ddtree_deploy.payload.manifest", "NAME", "ddtree"),
+    ("ddtree_deploy.payload.manifest", "SHA256", "0" * 64),
+    ("ddtree_deploy.service.install", "UNIT_NAME", "sglang.service"),
+    ("ddtree_deploy.remote.payload_fs", "NAME", "x.whl"),
+    ("ddtree_deploy.remote.payload_fs", "PACKAGE", "sglang"),
+    ("ddtree_deploy.remote.payload_fs", "REL", "srt/x.py"),
+    ("ddtree_deploy.bench.grid", "_NAME", "fast"),
+]
+
+
+@pytest.mark.parametrize(("module", "attr", "valid"), PATTERNS,
+                         ids=[f"{m.rsplit('.', 1)[1]}.{a}" for m, a, _ in PATTERNS])
+def test_no_name_pattern_accepts_a_final_newline(module: str, attr: str, valid: str) -> None:
+    import importlib
+
+    pattern = getattr(importlib.import_module(module), attr)
+    assert pattern.match(valid)
+    assert not pattern.match(valid + "\n")

@@ -16,9 +16,9 @@ TMP_MARK = ".ddtree-tmp-"
 MAX_DOC = 1 << 20
 MAX_FILE = 64 << 20
 PART = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
-REL = re.compile(rf"^{PART}(?:/{PART})*$")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+REL = re.compile(rf"{PART}(?:/{PART})*\Z")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}\Z")  # \Z: `$` passes a final newline
+PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 
 
 class Refused(Exception):
