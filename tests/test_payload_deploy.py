@@ -91,13 +91,6 @@ def test_sglang_0510_without_dflash_is_refused(tmp_path: Path, wheels: dict[str,
     assert "0.5.11" in str(info.value)
 
 
-def test_sglang_0523_is_refused(tmp_path: Path) -> None:
-    venv = scratch_venv(tmp_path, wheelcache.wheel("sglang", "0.5.23"))
-    manifest, payload = load_manifest(data_path("payload"))
-    with LocalTransport() as t, pytest.raises(RefusedError, match="does not support sglang 0.5.23"):
-        ops.deploy(t, str(venv), manifest, payload)
-
-
 def test_a_changed_upstream_file_is_refused_naming_it(tmp_path: Path,
                                                       wheels: dict[str, Path]) -> None:
     venv = scratch_venv(tmp_path, wheels["sglang==0.5.11"])
