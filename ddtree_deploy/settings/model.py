@@ -8,7 +8,10 @@ between fields are validators here:
 - a draft model with every speculative algorithm (skipped for a partial layer: a bench
   configuration alone);
 - attention backends per algorithm: full-tree DDTREE verifies with triton only (the payload and
-  the plugin refuse any other backend at start), in the field and in extra_args alike.
+  the plugin refuse any other backend at start), in the field and in extra_args alike; DFLASH
+  takes any (SGLang 0.5.11's server_args checks none for it);
+- what SGLang or the payload refuses at start, said first: DDTREE with a page size other than
+  1, DFLASH and DDTREE with --enable-dp-attention or a --pp-size other than 1.
 
 Rules that need the host's facts run when a HostFit is given as the validation context
 (``context={"host": fit}``): the verify width against the drafter's block size
@@ -241,6 +244,16 @@ class ServerSettings(StrictModel):
         if not partial and self.algorithm != "none" and self.draft_model_path is None:
             errors.append((("draft_model_path",), f"required with algorithm {self.algorithm} "
                            "(the draft model)", None))
+        if self.algorithm != "none":  # SGLang 0.5.11's server_args refuses both for DFLASH
+            label = self.algorithm.upper()
+            if "--enable-dp-attention" in self.extra_args:
+                errors.append((("extra_args",), f"{label} does not support "
+                               "--enable-dp-attention (SGLang refuses it at start)",
+                               "--enable-dp-attention"))
+            pipeline = flag_value(self.extra_args, "--pp-size")
+            if pipeline is not None and pipeline != "1":
+                errors.append((("extra_args",), f"{label} supports only --pp-size 1 (SGLang "
+                               f"refuses another at start), got --pp-size {pipeline}", pipeline))
         page = flag_value(self.extra_args, "--page-size")
         if self.algorithm == "ddtree" and page is not None and page != "1":
             errors.append((("extra_args",), "DDTREE needs --page-size 1 (accepted tree nodes "
