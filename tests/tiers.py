@@ -59,6 +59,7 @@ INTEGRATION_MODULES = frozenset({
     "test_overlay_apply.py", "test_overlay_relay.py", "test_overlay_transfer.py",
     "test_packaging.py", "test_payload_cli.py", "test_payload_deploy.py", "test_payload_hostile.py",
     "test_payload_integration.py", "test_payload_plugin.py", "test_payload_upgrade.py",
+    "test_plugin_releases.py",
     "test_payload_writes.py",
     "test_probe_nvml.py",
     "test_probe_run.py", "test_quoting.py", "test_remote_bundle.py", "test_remote_runner.py",

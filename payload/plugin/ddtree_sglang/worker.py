@@ -41,6 +41,7 @@ from sglang.srt.speculative import dflash_worker_v2 as _v2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ddtree_sglang import compat
+from ddtree_sglang.relink import path_first_order
 from ddtree_sglang.settings import from_env
 from ddtree_sglang.verify import (
     TreeRound,
@@ -344,18 +345,11 @@ class DDTreeWorker(DFlashWorkerV2):
     def _relink(self, batch: Any, keep_slots: torch.Tensor, accepted: torch.Tensor,
                 locs: torch.Tensor, prefix: torch.Tensor, n: int) -> torch.Tensor:
         """Put the accepted path's KV slots at rows ``prefix ..`` of each request's req->token
-        row, the other slots of the round after them (a permutation of the request's own
-        reserved slots). Returns the permutation ``[bs, n]`` (path slots first, in path order)."""
-        bs, steps = keep_slots.shape
-        along = torch.arange(steps, device=keep_slots.device).view(1, steps)
-        live = (along <= accepted.view(bs, 1)) & (keep_slots >= 0)
-        rank = torch.arange(n, device=keep_slots.device, dtype=torch.int64).view(1, n) + n
-        rank = torch.cat([rank.expand(bs, n), rank.new_zeros(bs, 1)], 1)
-        column = torch.where(live, keep_slots.to(torch.int64), n)
-        rank.scatter_(1, column, along.expand(bs, steps).to(torch.int64))
-        perm = torch.argsort(rank[:, :n], dim=1, stable=True)
+        row (``relink.path_first_order``); returns the permutation ``[bs, n]``."""
+        perm = path_first_order(keep_slots, accepted, n)
         if self.ddtree_shadow_linear:
             return perm  # the chain's path is its first slots: nothing moves
+        bs = int(keep_slots.shape[0])
         rows = batch.req_pool_indices.to(torch.int64).view(bs, 1)
         slots = prefix.to(torch.int64).view(bs, 1) + torch.arange(n, device=self.device)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
