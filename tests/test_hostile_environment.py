@@ -145,3 +145,22 @@ def test_sigterm_at_any_moment_of_recommend_write_leaves_old_or_new_and_no_tempo
             assert b"algorithm: ddtree" in text
         assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]
     assert "old" in seen
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("/m/t\\x9b31m", "U+009B"), ("/m/t\\N", "U+0085"), ("/m/t\\LExecStart=/bin/x", "U+2028"),
+    ("/m/t\\e[2J", "U+001B"),
+])
+def test_service_render_refuses_what_a_unit_cannot_carry_and_prints_no_control(
+        tmp_path: Path, value: str, fragment: str) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(HOSTS.replace("model_path: /m/t\u00e9", f'model_path: "{value}"'),
+                     encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts),
+                           "service", "render", "gpu1", "svc", "--no-verify"],
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 2
+    err = done.stderr.decode("utf-8", "replace")
+    assert "deployments.svc.model_path" in err and fragment in err
+    assert not any(ch in err for ch in "\x9b\x85\u2028\x1b")
+    assert done.stdout == b""

@@ -19,12 +19,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.text import Text
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0/C1 controls (not newline or tab), the line and paragraph separators a terminal or a
+# log reader may break a line at, and bidirectional overrides (text shown reordered).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                      "\u200e\u200f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def plain(value: object) -> str:
-    """``str(value)`` with C0/C1 control characters (not newline or tab) as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    """``str(value)`` with control characters (not newline or tab), U+2028/2029 and
+    bidirectional overrides as ``\\xNN`` / ``\\uNNNN``."""
+    return _CONTROL.sub(_escaped, str(value))
 
 
 def esc(value: object) -> str:
