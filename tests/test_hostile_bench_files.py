@@ -379,3 +379,18 @@ def test_out_is_checked_before_the_work(tmp_path: Path, case: str, value: str,
     assert info.value.exit_code == ExitCode.USAGE
     assert fragment in str(info.value)
     assert out_folder(None, tmp_path / "default") == tmp_path / "default"
+
+
+def test_an_unwritable_report_folder_is_one_clear_error(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user without write permission there (root cannot be refused, so it is simulated
+    where the folder is first written: the private staging folder)."""
+    def refused(**kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(kwargs.get("dir")))
+
+    monkeypatch.setattr("ddtree_deploy.bench.report.tempfile.mkdtemp", refused)
+    out = tmp_path / "out"
+    with pytest.raises(DeployError) as info:
+        build_report(Results.load(RECORDED), out)
+    assert info.value.exit_code == ExitCode.FAILED
+    assert str(out) in str(info.value) and "Permission denied" in str(info.value)
