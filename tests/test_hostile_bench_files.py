@@ -394,3 +394,17 @@ def test_an_unwritable_report_folder_is_one_clear_error(tmp_path: Path,
         build_report(Results.load(RECORDED), out)
     assert info.value.exit_code == ExitCode.FAILED
     assert str(out) in str(info.value) and "Permission denied" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "fast", True, [1.0], 1e300])
+def test_what_bench_writes_bench_report_reads(tmp_path: Path, value: Any) -> None:
+    """A broken host's answer (NaN tok/s, a negative time) is kept out of the file, and said."""
+    res = Results.open(tmp_path / "results.json", host="h", service="s")
+    res.set_config("dflash", {"config": {"key": "dflash", "name": "dflash",
+                                          "algorithm": "dflash"}})
+    res.add_cell(("dflash", "code", 1, "greedy", 0), {"output_tok_s": value, "tokens": 5}, [])
+    res.save()
+    again = Results.load(res.path)
+    cell = again.cells[0]
+    assert cell["metrics"]["output_tok_s"] is None and cell["metrics"]["tokens"] == 5
+    assert any("output_tok_s" in e and "dropped" in e for e in cell["errors"])

@@ -283,8 +283,19 @@ class Results:
         return {k: info["stack"] for k, info in self.configs.items() if info.get("stack")}
 
     def add_cell(self, key: CellKey, metrics: dict[str, Any], errors: list[str]) -> None:
+        """Record a cell; a metric the reader would refuse (NaN, infinite, negative or not a
+        number: what a broken host's answer can make) is kept out, and said in its errors, so
+        the file bench writes is always one bench report reads."""
         row = dict(zip(CELL_KEYS, key, strict=True))
-        self.cells.append({**row, "metrics": metrics, "errors": errors,
+        kept, said = dict(metrics), list(errors)
+        for name, value in metrics.items():
+            if name in _Metrics.model_fields and value is not None:
+                try:
+                    _Metrics.model_validate({name: value})
+                except ValidationError:
+                    kept[name] = None
+                    said.append(f"{name}: {value!r} is not a measurement (dropped)")
+        self.cells.append({**row, "metrics": kept, "errors": said,
                            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     def rows(self) -> list[dict[str, Any]]:
