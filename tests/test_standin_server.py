@@ -316,6 +316,32 @@ def test_0517_flags_come_from_its_fields_and_ddtree_needs_the_plugin(lab: dict[s
         "ModuleNotFoundError: No module named 'sgl_kernel'"
 
 
+def test_0517_with_the_plugins_entry_point_gets_past_the_algorithm(lab: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    """The plugin wheel built from payload/plugin/ installed beside sglang 0.5.17: its entry
+    point registers DDTREE (the next check, sgl_kernel, is what fails); SGLANG_PLUGINS without
+    it leaves DDTREE unknown, as load_plugins() would."""
+    from ddtree_deploy.payload.plugin import build_wheel
+    from ddtree_deploy.resources import data_path
+
+    wheel = build_wheel(data_path("payload"), tmp_path / "wheel")
+    plugin = tmp_path / "plugin"
+    subprocess.run([str(lab["venv"] / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-index", "--disable-pip-version-check", "--target", str(plugin),
+                    str(wheel.path)], check=True, capture_output=True)
+    lab = {**lab, "plugin": plugin}
+    env = _env(lab, ["sglang-0.5.17", "torch-cu128", "plugin"], _spec(lab["root"], SM120))
+    models = _models(lab)
+    models[3] = "DDTREE"
+    out = _launch(lab, env, *models, *PLUGIN_FLAGS)
+    assert "registered speculative algorithm DDTREE" in out.stdout + out.stderr
+    assert out.stderr.rstrip().splitlines()[-1] == \
+        "ModuleNotFoundError: No module named 'sgl_kernel'"
+    out = _launch(lab, {**env, "SGLANG_PLUGINS": "other"}, *models, *PLUGIN_FLAGS)
+    assert out.stderr.rstrip().splitlines()[-1] == \
+        "ValueError: Unknown speculative algorithm name: DDTREE"
+
+
 def test_payload_half_applied_from_string_and_ddtree_flags(lab: dict[str, Path],
                                                            tmp_path: Path) -> None:
     """server_args.py accepting DDTREE while the installed enum lacks it -> from_string fails."""
