@@ -43,7 +43,10 @@ def _tokens(text: str, hosts_file: Path) -> str:
     shipped = shipped_identity("0.5.11")
     assert shipped is not None
     _, version, digest = shipped
+    plugin = shipped_identity("0.5.17")  # the plugin wheel built from payload/plugin/
+    assert plugin is not None
     return (text.replace("{shipped_version}", version).replace("{shipped_digest}", digest or "")
+            .replace("{plugin_version}", plugin[1]).replace("{plugin_digest}", plugin[2] or "")
             .replace("{hosts_file}", str(hosts_file)))
 
 
