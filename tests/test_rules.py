@@ -548,6 +548,27 @@ def test_a_declared_release_outside_the_payload_matrix(dep: Deployment) -> None:
         ct200(venv_healthy()), venv="/root/venv_sglang211", deployment=plain, model_facts=None))
 
 
+def test_a_0517_venv_wants_the_plugin_not_the_patched_spec_info(dep: Deployment) -> None:
+    from ddtree_deploy.facts.model import PayloadInfo
+
+    moved = dep.model_copy(update={"sglang": dep.sglang.model_copy(update={"version": "0.5.17"})})
+    venv = venv_healthy(ddtree=False)
+    assert venv.sglang is not None
+    venv.sglang.version = "0.5.17"
+    venv.distributions["sglang"] = "0.5.17"
+    found = ids(diagnose(ct200(venv), venv=venv.path, deployment=moved, model_facts=None))
+    assert "payload.plugin-missing" in found and "payload.ddtree-missing" not in found
+    venv.sglang.payload = PayloadInfo(payload="ddtree-sglang-plugin", version="0.3.0",
+                                      intact=True, form="plugin", sglang="0.5.17")
+    found = ids(diagnose(ct200(venv), venv=venv.path, deployment=moved, model_facts=None))
+    assert not any(i.startswith("payload.") for i in found), found
+    venv.sglang.payload.intact = False
+    f = only(diagnose(ct200(venv), venv=venv.path, deployment=moved, model_facts=None),
+             "payload.plugin-missing")
+    assert "changed since it was installed" in f.message
+    assert "payload deploy ct200 --venv /root/venv_sglang211" in f.remedy
+
+
 def test_ddtree_attention_backend(dep: Deployment) -> None:
     fa3 = dep.model_copy(update={"attention_backend": "fa3"})
     f = only(diagnose(ct200(), venv=None, deployment=fa3, model_facts=None),
