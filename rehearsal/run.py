@@ -115,6 +115,7 @@ class Rehearsal:
         self.skip_checks = False
         self.profile = False
         self.rounds = 3
+        self.sglang = "0.5.11"  # 0.5.17+: the plugin form
 
     # --- bookkeeping ----------------------------------------------------------------------
     def left(self) -> float:
@@ -199,8 +200,12 @@ class Rehearsal:
 
     def tool(self, hosts: Path, calls: list[tuple[str, list[str]]]) -> None:
         out = self.result.setdefault("tool", {})
+        # No network here: a pip download (the plugin form's uv, fetched where the host has
+        # none) fails at once instead of retrying, and the tool falls back to the venv's pip.
+        env = {**os.environ, "PIP_NO_INDEX": "1"}
         for name, args in calls:
-            out[name] = self.sh(f"tool-{name}", [str(self.cli), "--hosts", str(hosts), *args])
+            out[name] = self.sh(f"tool-{name}", [str(self.cli), "--hosts", str(hosts), *args],
+                                env=env)
             self.save(logs=False)
 
     def prewarm(self) -> subprocess.Popen[str] | None:
@@ -234,8 +239,10 @@ class Rehearsal:
                                             else {"exit": proc.returncode})
 
     def deploy_payload(self, hosts: Path) -> None:
+        # the plugin form: the venv's own pip (the host has no uv and no network to fetch one)
+        pip = ["--installer", "pip"] if self.sglang != "0.5.11" else []
         self.tool(hosts, [("payload_deploy", ["payload", "deploy", "localhost", "--venv",
-                                              str(VENV)])])
+                                              str(VENV), *pip])])
         if self.result["tool"]["payload_deploy"]["exit"] != 0:
             raise RuntimeError("the payload is not deployed: servers cannot run DDTREE")
 
@@ -795,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             wanted = {n for n in a.only.split(",") if n}
             shared = [s for s in shared if s.name in wanted]
         shared = [replace(s, sglang=a.sglang) for s in shared]
-        r.result["sglang"] = a.sglang
+        r.result["sglang"] = r.sglang = a.sglang
         from rehearsal.servers import Server, hosts_file
 
         hosts = hosts_file(shared[0] if shared else Server("tool", str(WORK / "models/ladder"),
