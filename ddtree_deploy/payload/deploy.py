@@ -314,7 +314,7 @@ def full_stack(t: ExecTransport, venv: str, torch: bool) -> str | None:
     """None when the venv can import the real stack (numpy, torch); else why not."""
     if not torch:
         return "torch is not installed in this venv"
-    r = t.run(Command.of(python_of(venv), "-c", FULL_STACK_CHECK), timeout=120)
+    r = t.run(Command.of(python_of(venv), "-B", "-c", FULL_STACK_CHECK), timeout=120)
     if r.ok:
         return None
     last = (r.stderr.strip().splitlines() or ["import failed"])[-1]
@@ -359,7 +359,8 @@ def verify(t: ExecTransport, venv: str, manifest: Manifest | None, pkg: str, *, 
                                       f"{missing}: the normal import cannot run, so only the "
                                       "light checks (modules loaded by file) were made"))
             continue
-        r = t.run(Command(argv=(python_of(venv), "-", pkg), stdin=step.code.encode()),
+        # -B: a check writes no bytecode into the venv (a stale .pyc is what deploy clears)
+        r = t.run(Command(argv=(python_of(venv), "-B", "-", pkg), stdin=step.code.encode()),
                   timeout=120)
         detail = (r.stdout.strip().splitlines() or [""])[-1] if r.ok else \
             (r.stderr.strip().splitlines() or ["no output"])[-1]

@@ -169,7 +169,7 @@ def plugin_checks(t: ExecTransport, venv: str, *, full: bool) -> list[tuple[str,
     if full:
         modes.append(("plugin_import", "full", ["--full"]))
     for name, mode, extra in modes:
-        r = t.run(Command.of(python_of(venv), "-I", "-m", "ddtree_sglang.check", *extra),
+        r = t.run(Command.of(python_of(venv), "-I", "-B", "-m", "ddtree_sglang.check", *extra),
                   timeout=300)
         last = (r.stdout.strip().splitlines() or [""])[-1]
         detail = last or "; ".join(r.stderr.strip().splitlines()[-2:]) or f"exit {r.exit_code}"

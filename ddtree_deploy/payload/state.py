@@ -53,7 +53,7 @@ def request(venv: str, op: str, **req: Any) -> bytes:
 def command(venv: str, stdin: bytes | None = None) -> Command:
     """The venv's own python running the host-side script (`-I -c`: nothing of the host's
     current folder or environment imported); its request comes on stdin."""
-    return Command((python_of(venv), "-I", "-c", SCRIPT.source()), stdin=stdin)
+    return Command((python_of(venv), "-I", "-B", "-c", SCRIPT.source()), stdin=stdin)
 
 
 def _shown(text: str, limit: int = 200) -> str:
