@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.config.hosts import Config, load_config
+from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.hostcheck import check_host
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.connect import open_transport
@@ -29,7 +30,6 @@ def hostile_values(marker: Path) -> list[str]:
         f"/opt/`touch {m}`",
         f"/opt/x' ; touch {m} ; '",
         f'/opt/x" ; touch {m} ; "',
-        f"/opt/x\ntouch {m}",
         f"/opt/x && touch {m} #",
         f"/opt/x | touch {m}",
         f"/opt/x > {m}",
@@ -53,6 +53,15 @@ def test_hostile_paths_survive_config_loading_unchanged(tmp_path: Path) -> None:
     spec = config.host("box")
     assert [str(v.path) for v in spec.venvs.values()] == values
     assert [str(p) for p in spec.models.values()] == values
+
+
+def test_a_path_with_a_line_break_is_refused_when_loaded(tmp_path: Path) -> None:
+    """A newline would end a unit's line (and a report's): host paths refuse it outright."""
+    marker = tmp_path / "pwned"
+    with pytest.raises(ConfigError, match="U\\+000A"):
+        write_hosts(tmp_path / "hosts.yaml", "  box:\n    transport: local\n",
+                    [f"/opt/x\ntouch {marker}"])
+    assert not marker.exists()
 
 
 def test_hostile_values_do_not_run_locally(tmp_path: Path) -> None:
