@@ -1,4 +1,5 @@
-"""The plugin form on the REAL sglang 0.5.17 wheel (tests/wheels.toml), through the real CLI on
+"""The plugin form on the REAL sglang wheels of every release it supports (0.5.17, 0.5.19,
+0.5.21, 0.5.23; tests/wheels.toml), through the real CLI on
 localhost: `payload deploy` builds the plugin wheel from payload/plugin/ and installs it with
 uv (pushed into a scratch HOME from the uv wheel of tests/wheels.toml) or the venv's own pip;
 verify, rollback; nothing written into the sglang package (its tree byte-identical after
@@ -91,7 +92,8 @@ def _ok(r: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize(("release", "installer"),
-                         [("0.5.17", "uv"), ("0.5.17", "pip"), ("0.5.23", "uv")])
+                         [("0.5.17", "uv"), ("0.5.17", "pip"), ("0.5.19", "uv"),
+                          ("0.5.21", "uv"), ("0.5.23", "uv")])
 def test_plugin_deploy_verify_rollback_leave_sglang_byte_identical(world: Path, release: str,
                                                                    installer: str) -> None:
     venv = _venv(world, f"v-{installer}", wheelcache.wheel("sglang", release),
