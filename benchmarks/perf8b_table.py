@@ -58,6 +58,8 @@ def profile_table(profiles: Mapping[str, Any]) -> str:
     rows = ["| server (bs 1, per round) | " + " | ".join(t for _, t in PROFILE_COLS) + " |",
             "|" + "---|" * (len(PROFILE_COLS) + 1)]
     for name in names:
+        if name.endswith("/stack"):
+            continue
         entry = profiles.get(name) or {}
         vals = [entry.get(k) for k, _ in PROFILE_COLS]
         rows.append("| " + " | ".join([name] + ["unrun" if not isinstance(v, int | float)

@@ -41,6 +41,7 @@ from rehearsal import client
 PHASE = "perf-8b"
 ROUNDS, TOKENS, BATCHES = 5, 64, (1, 8, 32)
 PROFILE_STEPS = 16
+STACKED = "ddtree15-8b"  # profiled a second time with Python stacks
 # Host synchronisations a DDTREE round of the current payload may make: the one the scheduler
 # needs (the accepted tokens and path, read on the host), and one for what the profiler itself
 # adds at a step's edge. More fails the phase.
@@ -232,8 +233,23 @@ def profiles(live: Sequence[tuple[str, int]], pids: Mapping[str, int], folder: P
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         out[name] = {**round_profile(summary),
-                     "top_kernels": (summary.get("gpu") or {}).get("top_kernels", [])[:8],
-                     "runtime": summary.get("runtime", [])[:10]}
+                     "top_kernels": (summary.get("gpu") or {}).get("top_kernels", [])[:12],
+                     "runtime": summary.get("runtime", [])[:10],
+                     "host_ops": (summary.get("host") or {}).get("ops_by_self", [])[:15]}
+    # one DDTREE server again with Python stacks: where its host time goes (SGLang's functions
+    # and the payload's by inclusive time; stacks slow the host, so timings come from above)
+    name = next((n for n, _ in live if n == STACKED), None)
+    if name is not None and time_left() > 60:
+        try:
+            with others_stopped(pids, name):
+                summary = profile.capture(dict(live)[name], folder / f"{name}-stack",
+                                          steps=PROFILE_STEPS // 2, tokens=PROFILE_STEPS * 2 + 32,
+                                          with_stack=True, timeout=max(30.0, min(90.0,
+                                                                             time_left() - 20)))
+            out[f"{name}/stack"] = {"sglang_by_incl": (summary.get("host") or {})
+                                    .get("sglang_by_incl", [])[:30]}
+        except Exception as exc:
+            out[f"{name}/stack"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 
 
