@@ -57,7 +57,7 @@ def plan(ctx: Planning) -> list[Step]:
     installed = ctx.state.units.get(unit)
     same = installed == unit_text(spec)
     ctx.changed = not same
-    return [ctx.step(KIND, unit, "installed unit matches" if same else
+    return [ctx.step(KIND, unit, f"installed unit matches ({listens(spec)})" if same else
                      ("no unit installed" if installed is None else "the unit differs"),
                      [] if same else [f"install {spec.unit_path} (GPU "
                                       f"{','.join(map(str, spec.gpus))}, port {spec.port}; "
