@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -44,9 +45,10 @@ def test_inventory_shows_dead_busy_and_lanes(lab: Config) -> None:
     assert ml_env is not None and ml_env.sglang is not None
     assert "dflash_worker.py" in ml_env.sglang.dflash_modules
     assert ml_env.sglang.knows_ddtree is False
+    # the session's environment kept (HOME, XDG_*: where the lab's key and known_hosts are)
     table = cli("--hosts", str(lab.path), "inventory", "ct129", "ct200", env={
-        "COLUMNS": "200", "PATH": "/usr/bin:/bin"})
-    assert table.returncode == 0
+        **os.environ, "COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert table.returncode == 0, table.stderr
     assert "DEAD" in table.stdout and "port 30000" in table.stdout and "cu128" in table.stdout
 
 
