@@ -123,3 +123,11 @@ def test_installed_wheel_finds_its_data_outside_the_checkout(wheel: Path, tmp_pa
     assert hosts == str(target / "ddtree_deploy/_data/hosts.yaml")
     assert templates == str(target / "ddtree_deploy/_data/templates")
     assert Path(hosts).read_text() == (ROOT / "hosts.yaml").read_text()
+    # --version outside a checkout: the commit the wheel was built from (hatch_build.py)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run([sys.executable, "-c", "from ddtree_deploy.version import "
+                              "version_line; print(version_line())"], cwd=tmp_path,
+                             capture_output=True, text=True, check=True,
+                             env={"PYTHONPATH": str(target)}).stdout
+    assert version.endswith(f"(commit {head})\n"), version

@@ -72,7 +72,7 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
 
     import typer
 
-    from ddtree_deploy import __version__, cli_plugins
+    from ddtree_deploy import cli_plugins
 
     if os.environ.get("NO_COLOR"):  # help and usage errors too: no colour, bold or italic
         from typer import rich_utils
@@ -84,6 +84,8 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
+        # -h as well as --help, on every command (click's subcontexts inherit the names)
+        context_settings={"help_option_names": ["-h", "--help"]},
     )
     only = invoked(args) if args is not None else None
     for name, module, attr, group in COMMANDS:
@@ -101,7 +103,9 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
 
     def _version(value: bool) -> None:
         if value:
-            typer.echo(f"ddtree-deploy {__version__}")
+            from ddtree_deploy.version import version_line
+
+            typer.echo(version_line())
             raise typer.Exit()
 
     @app.callback()
@@ -113,7 +117,8 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         lab: bool = typer.Option(False, "--lab",
                                  help="use the embedded lab hosts file on purpose (apply refuses "
                                       "it when it is only the default)"),
-        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
+        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                     help="the tool's version and the commit it runs from"),
     ) -> None:
         ctx.obj = {"hosts": hosts, "lab": lab}
 

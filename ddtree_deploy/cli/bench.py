@@ -14,10 +14,18 @@ from ddtree_deploy.errors import ExitCode, UsageError
 
 
 class _BenchGroup(TyperGroup):
-    """`bench HOST ...` runs a sweep (`bench run HOST ...`); `bench report|recommend` as named."""
+    """`bench HOST ...` runs a sweep (`bench run HOST ...`); `bench report|recommend` as named.
+    A first word that looks like a mistyped subcommand (`bench reprot`) is a usage error that
+    names the command, not a sweep of a host of that name (`bench run NAME` still is one)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if args and self.get_command(ctx, args[0]) is None and not args[0].startswith("-"):
+            import difflib
+
+            close = difflib.get_close_matches(args[0], self.list_commands(ctx), n=1, cutoff=0.7)
+            if close:
+                ctx.fail(f"No such command {args[0]!r}. Did you mean {close[0]!r}? (to bench a "
+                         f"host named {args[0]!r}: bench run {args[0]})")
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
