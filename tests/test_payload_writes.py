@@ -114,6 +114,32 @@ def test_a_second_command_on_a_locked_venv_is_refused(world: tuple[Path, Path, P
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_two_deploys_at_once_never_leave_a_mix(world: tuple[Path, Path, Path],
+                                               tmp_path: Path) -> None:
+    """Two CLIs started together on one venv, twice over: each exits 0 (it deployed, or found
+    it deployed) or 2 (refused: the venv's lock was held); the venv ends as one deploy leaves
+    it, with one state and one backup."""
+    root, venv, payload = world
+    clean = fake_venv(tmp_path, "clean")
+    assert _deploy(root, clean, payload).returncode == 0
+    env = dict(os.environ, XDG_CACHE_HOME=str(root / "xdg/cache"), NO_COLOR="1",
+               XDG_STATE_HOME=str(root / "xdg/state"), XDG_CONFIG_HOME=str(root / "xdg/config"))
+    argv = [sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(root / "hosts.yaml"),
+            "payload", "deploy", "localhost", "--venv", str(venv), "--payload", str(payload)]
+    for _ in range(2):
+        procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+        outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        assert all(c in (0, 2) for c in codes) and 0 in codes, outs
+        for p, (out, err) in zip(procs, outs, strict=True):
+            if p.returncode == 2:
+                assert "holds the venv's lock" in err, err
+        assert tree(package(venv)) == tree(package(clean))
+        assert len(list((venv / ".ddtree-deploy/backups").iterdir())) == 1
+        assert _temporaries(venv) == []
+
+
 def test_a_failed_install_leaves_no_state_and_the_upstream_files(
         world: tuple[Path, Path, Path]) -> None:
     root, venv, payload = world
