@@ -132,7 +132,7 @@ def test_two_deploys_at_once_never_leave_a_mix(world: tuple[Path, Path, Path],
         outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
         codes = sorted(p.returncode for p in procs)
         assert all(c in (0, 2) for c in codes) and 0 in codes, outs
-        for p, (out, err) in zip(procs, outs, strict=True):
+        for p, (_out, err) in zip(procs, outs, strict=True):
             if p.returncode == 2:
                 assert "holds the venv's lock" in err, err
         assert tree(package(venv)) == tree(package(clean))
