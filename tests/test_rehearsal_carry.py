@@ -438,3 +438,32 @@ def test_committed_carry_set_is_locked_fits_and_covers_the_tools_requirements() 
         if canonicalize_name(e.name) in {canonicalize_name(Requirement(r).name)
                                          for r in project["dependencies"]}:
             assert locked[canonicalize_name(e.name)] == e.version, e.name
+
+
+def test_keep_and_strip_options_of_a_profile(tmp_path: Path) -> None:
+    """transformers-text keeps the listed model folders only; xgrammar-strip strips shared
+    objects (a real one: this Python's _ctypes extension) and writes their new hash in RECORD."""
+    from rehearsal.carry_repack import repack_profile
+
+    models = {"transformers/models/qwen3/config.py": b"q3\n",
+              "transformers/models/bert/config.py": b"bert\n",
+              "transformers/models/__init__.py": b"\n", "transformers/__init__.py": b"\n"}
+    res = repack_profile(make_wheel(tmp_path / "tf", "transformers", "5.12.1", models),
+                         tmp_path / "tf-out", "transformers-text")
+    with zipfile.ZipFile(res.path) as zf:
+        assert set(zf.namelist()) >= {"transformers/models/qwen3/config.py",
+                                      "transformers/models/__init__.py"}
+        assert "transformers/models/bert/config.py" not in zf.namelist()
+    assert res.dropped == ("transformers/models/bert/config.py",)
+    import _ctypes
+
+    so = Path(_ctypes.__file__).read_bytes()
+    xg = make_wheel(tmp_path / "xg", "xgrammar", "0.2.1",
+                    {"xgrammar/libxgrammar_bindings.so": so, "xgrammar/lib/libxgrammar.a": b"!",
+                     "xgrammar/__init__.py": b"\n"})
+    res = repack_profile(xg, tmp_path / "xg-out", "xgrammar-strip")
+    assert res.dropped == ("xgrammar/lib/libxgrammar.a",)
+    with zipfile.ZipFile(res.path) as zf:
+        stripped = zf.read("xgrammar/libxgrammar_bindings.so")
+    assert stripped[:4] == b"\x7fELF" and len(stripped) <= len(so)
+    assert record_problems(res.path) == []

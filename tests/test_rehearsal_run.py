@@ -348,3 +348,46 @@ def test_the_request_parameter_phase_shares_a_call_with_perf_and_judges_its_cont
     ddtree_failed = {**good, "request-params/rp-ddtree15/abort": {"ok": False}}
     assert not request_params.verdict(ddtree_failed)["ok"]
     assert not request_params.verdict({})["ok"]  # nothing measured is no pass
+
+
+_PLUGIN_PROBE = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from ddtree_sglang import verify
+from ddtree import sampling, admission
+mask = torch.eye(3, dtype=torch.bool).unsqueeze(0)
+print(int(verify.tree_custom_mask(mask, torch.tensor([0]), 9).sum()),
+      float((sampling.sample_tokens(torch.tensor([[0.0, 3.0, 0.0]] * 200), torch.ones(200) * 4.0,
+                                    torch.full((200,), 3), torch.ones(200)) == 1).float().mean()))
+"""
+
+
+@pytest.mark.parametrize(("fault", "module"), [
+    ("mask", "ddtree_sglang.verify"), ("greedy-follow", "ddtree.sampling"),
+    ("admit-penalties", "ddtree.admission")])
+def test_faults_reach_the_plugin_forms_modules(tmp_path: Path, fault: str, module: str) -> None:
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location("ddtree_plugin_build",
+                                                  ROOT / "payload" / "plugin" / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(build.build_wheel(tmp_path)) as zf:
+        zf.extractall(site)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    clean = subprocess.run([sys.executable, "-c", _PLUGIN_PROBE, str(site)], capture_output=True,
+                           text=True, env=env, check=True, timeout=120)
+    env |= {"REHEARSAL_FAULT": fault, "PYTHONPATH": str(ROOT / "rehearsal" / "faults")}
+    done = subprocess.run([sys.executable, "-c", _PLUGIN_PROBE, str(site)], capture_output=True,
+                          text=True, env=env, check=True, timeout=120)
+    assert f"REHEARSAL FAULT ACTIVE: {fault} in {module}" in done.stderr
+    assert "REHEARSAL FAULT" not in clean.stderr
+    allowed, share = (float(v) for v in done.stdout.split())
+    clean_allowed, clean_share = (float(v) for v in clean.stdout.split())
+    if fault == "mask":
+        assert (clean_allowed, allowed) == (3, 5)  # slot i also sees slot i + 1
+    elif fault == "greedy-follow":
+        assert clean_share < 0.8 and share == 1.0
