@@ -29,7 +29,10 @@ def _detail(check: str, v: Mapping[str, Any]) -> str:
                       if r.get(k, {}).get("status") == 400 and r[k].get("named"))
         return f"{refused}/{3 * len(rows)} refused naming it"
     if check in ("greedy", "parallel-n"):
-        return f"{v.get('requests', 0) - len(v.get('wrong', []))}/{v.get('requests', 0)} equal"
+        if "wrong_count" not in v:  # call 1 kept the first 10 only
+            listed = len(v.get("wrong", []))
+            return f"{listed}{'+' if listed == 10 else ''} of {v.get('requests', 0)} differ"
+        return f"{v['requests'] - v['wrong_count']}/{v['requests']} equal"
     if check == "topk-mix":
         k2 = v.get("top_k 2", {})
         outside = sum(r.get("outside", 0) for r in v.values() if isinstance(r, Mapping))
@@ -37,7 +40,8 @@ def _detail(check: str, v: Mapping[str, Any]) -> str:
                 default=0.0)
         return f"{outside} outside of {k2.get('transitions', 0)}+; max abs z {z:.1f}"
     if check == "penalty":
-        return f"{v.get('refused', 0)} refused, {v.get('served_wrong', 0)} served wrong"
+        return (f"{v.get('refused', 0)} refused, {v.get('served_wrong', 0)} served wrong"
+                + (f", {v['failed']} failed" if v.get("failed") else ""))
     if check == "multiturn":
         return f"{len(v.get('turns', []))} conversations"
     if check == "abort":

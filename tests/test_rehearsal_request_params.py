@@ -234,3 +234,22 @@ def test_a_leak_report_or_a_dead_server_fails_its_check(tmp_path: Path) -> None:
     assert not request_params.leaks(log, unit, None)["ok"]
     unit.write_text("Environment=HF_HUB_OFFLINE=1\n")
     assert not request_params.leaks(log, unit, os.getpid())["ok"]
+
+
+def test_the_h200_call_validates_and_says_what_it_found() -> None:
+    """Device call 1 (2026-12-03, SGLang 0.5.11 on the H200, phases request-params,perf-8b),
+    copied from the device's output to benchmarks/results/rehearsal/h200-issue25-call1.json."""
+    from rehearsal import result
+
+    got = result.load(str(ROOT / "benchmarks" / "results" / "rehearsal"
+                          / "h200-issue25-call1.json"))
+    assert got.phase == "request-params,perf-8b"
+    checks = got.checks
+    assert checks["request-params/verdict"]["ok"]  # type: ignore[call-overload]
+    topk = checks["request-params/rp-ddtree15-topkfault/topk-mix"]
+    assert topk["top_k 2"]["outside"] == 549  # type: ignore[call-overload]
+    assert checks["request-params/rp-dflash/leaks"]["alive"] is False  # type: ignore[call-overload]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from request_params_table import table
+
+    assert "verdict: PASS" in table(got.model_dump())
