@@ -103,7 +103,8 @@ def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
             raise typer.Exit(1)
         checks = ops.verify(t, venv, manifest, state.package_dir, torch=found["torch"],
                             state=state)
-    outcome = ops.Outcome(venv, "verified", found["version"], state.version, checks)
+    outcome = ops.Outcome(venv, "verified", found["version"], state.version, checks,
+                          form=state.form)
     _render(outcome, as_json)
     _fail_on_checks(outcome)
 
