@@ -55,5 +55,9 @@ def install(name: str) -> bool:
     except ImportError as exc:
         logger.error("DDTREE admission hook not installed (%s); requests are not checked.", exc)
         return False
+    hooks = getattr(HookRegistry, "_hooks", {}).get(TARGET, [])
+    if any(getattr(entry[1], "ddtree_admission", None) == name for entry in hooks):
+        return True  # the plugin loaded twice in this process: one hook is enough
+    hook.ddtree_admission = name
     HookRegistry.register(TARGET, hook, HookType.BEFORE)
     return True
