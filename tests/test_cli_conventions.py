@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import io
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +86,63 @@ def test_license_and_changelog_exist() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["license"] == "MIT"
     assert "**breaking**" in (ROOT / "CHANGELOG.md").read_text()
+
+
+# ---- tables: plain rows off a terminal, --wide on one ---------------------------------------
+
+LONG = "/srv/very/long/folder/names/of/a/shared/gpu/host/venvs/sglang-ddtree-cu130-py311"
+FINGERPRINT = "SHA256:Zx0Yq2Vb7CwT9mK4sR1uLp8eN3jH6fG5dA0oI2kQwEr"
+
+
+def _table() -> Any:
+    from ddtree_deploy.cli.render_table import add_row, make_table
+
+    table = make_table("venvs [bold]x[/bold]", ("host", "venv", "key", "notes"))
+    add_row(table, "ct200", LONG, FINGERPRINT, "line one\nline\ttwo")
+    add_row(table, "ct129", "/root/ml-env", "", "\x1b[2J")
+    return table
+
+
+def _console(terminal: bool, width: int = 80) -> tuple[Any, io.StringIO]:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=terminal, width=width, color_system=None), buf
+
+
+def test_a_table_off_a_terminal_is_plain_rows() -> None:
+    from ddtree_deploy.cli.render_table import show
+
+    con, buf = _console(terminal=False)
+    show(con, _table())
+    assert buf.getvalue().splitlines() == [
+        "# venvs [bold]x[/bold]",
+        "# host\tvenv\tkey\tnotes",
+        f"ct200\t{LONG}\t{FINGERPRINT}\tline one; line two",
+        "ct129\t/root/ml-env\t\t\\x1b[2J",
+    ]
+
+
+def test_a_table_on_a_terminal_folds_and_wide_does_not() -> None:
+    from ddtree_deploy.cli.render_table import show
+
+    con, buf = _console(terminal=True)
+    show(con, _table())
+    folded = buf.getvalue()
+    assert all(len(line) <= 80 for line in folded.splitlines())
+    assert LONG not in folded  # folded at 80 columns: the reason for --wide
+    con, buf = _console(terminal=True)
+    show(con, _table(), wide=True)
+    wide = buf.getvalue()
+    assert LONG in wide and FINGERPRINT in wide and "…" not in wide
+
+
+def test_hosts_list_piped_is_plain_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "--hosts", str(ROOT / "examples" / "hosts.story.yaml"),
+                        "hosts", "list")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "# host\ttarget\tuser\tGPUs expected\tvenvs"
+    assert not any(c in out for c in "│┃━")
+    rows = [line.split("\t") for line in lines if not line.startswith("#")]
+    assert rows and all(len(r) in (5, 7) for r in rows)

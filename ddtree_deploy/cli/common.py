@@ -118,6 +118,15 @@ def hosts_or_all(config: Config, names: list[str] | None) -> list[str]:
     return list(config.hosts)
 
 
+def raw_stream(con: Console) -> TextIO:
+    """The stream a console writes to, for plain text printed past rich."""
+    return _unmade_stream(con) or cast("TextIO", con.file)
+
+
+WIDE_HELP = "on a terminal, tables at their full width (nothing folded); not on a " \
+            "terminal they are plain rows anyway"
+
+
 def print_json(con: Console, data: object) -> None:
     """JSON for machines: plain text when stdout is a pipe or a file (fast, nothing to strip),
     highlighted by rich on a terminal. `data` is a JSON-able value or a JSON text."""
@@ -125,6 +134,6 @@ def print_json(con: Console, data: object) -> None:
     if is_tty(con):
         con.print_json(data=value)
     else:
-        stream = _unmade_stream(con) or con.file
+        stream = raw_stream(con)
         stream.write(json.dumps(value, indent=2) + "\n")
         stream.flush()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, hosts_or_all
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, hosts_or_all
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.transport.fanout import exit_code, fan_out
 from ddtree_deploy.transport.hostkeys import TrustTarget, trust_target
@@ -36,9 +36,10 @@ out = console()
 
 
 @app.command("list")
-def list_hosts(ctx: typer.Context) -> None:
+def list_hosts(ctx: typer.Context,
+               wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)) -> None:
     """The hosts and deployments of the hosts file (validated in full)."""
-    from ddtree_deploy.cli.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table, show
 
     config = config_of(ctx)
     table = make_table(f"hosts ({config.path})", ("host", "target", "user", "GPUs expected",
@@ -47,14 +48,13 @@ def list_hosts(ctx: typer.Context) -> None:
         gpus = f"{spec.gpus.count}x {spec.gpus.model or ''}".strip() if spec.gpus else "-"
         venvs = ", ".join(f"{v}={p.path}" for v, p in spec.venvs.items())
         add_row(table, name, f"{spec.target}:{spec.port}", spec.user, gpus, venvs)
-    out.print(table)
     deps = make_table("deployments", ("deployment", "host", "venv", "lane", "algorithm", "gpu",
                                       "port"))
     for name, dep in config.deployments.items():
         add_row(deps, name, dep.host, dep.venv, dep.cuda_lane, dep.algorithm,
                      str(dep.gpu if dep.gpu is not None else "auto"),
                      str(dep.port if dep.port is not None else "auto"))
-    out.print(deps)
+    show(out, table, deps, wide=wide)
 
 
 @app.command("check")
@@ -62,9 +62,10 @@ def check(
     ctx: typer.Context,
     hosts: list[str] = typer.Argument(None, help="hosts to check (default: all)"),
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
     """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""
-    from ddtree_deploy.cli.render_table import add_row, make_table, notes
+    from ddtree_deploy.cli.render_table import add_row, make_table, notes, show
     from ddtree_deploy.cli.text import cell
     from ddtree_deploy.hostcheck import check_host
 
@@ -84,9 +85,8 @@ def check(
         gpus += "".join(f"\n GPU{g.index}: {g.memory}" for g in c.gpus)
         venvs = "\n".join(f"{'ok' if ok else 'MISSING'} {p}" for p, ok in c.venvs.items())
         add_row(table, o.host, cell("ok", "green"), c.hostname, gpus or c.gpu_error, venvs)
-    out.print(table)
-    for note in notes((o.host, str(o.error)) for o in outcomes if o.value is None):
-        out.print(note)
+    show(out, table, *notes((o.host, str(o.error)) for o in outcomes if o.value is None),
+         wide=wide)
     code = exit_code(outcomes)
     if code:
         raise typer.Exit(int(code))

@@ -6,7 +6,7 @@ import contextlib
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, hosts_or_all, is_tty, print_json
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, hosts_or_all, is_tty, print_json
 from ddtree_deploy.errors import ExitCode, UsageError
 from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.gather import collect
@@ -28,6 +28,7 @@ def inventory(
     max_age: float = MAX_AGE,
     as_json: bool = AS_JSON,
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
     """Know every host before touching it: GPUs (busy, dead), venvs and their CUDA lanes."""
     config = config_of(ctx)
@@ -45,16 +46,17 @@ def inventory(
         print_json(out, payload)
     else:
         from ddtree_deploy.cli.render_inventory import (
+            WIDE,
             failures,
             gpu_table,
             part_errors,
             venv_table,
         )
+        from ddtree_deploy.cli.render_table import show
 
-        out.print(gpu_table(outcomes))
-        out.print(venv_table(outcomes, width=out.width))
-        for note in [*part_errors(outcomes), *failures(outcomes)]:
-            out.print(note)
+        width = out.width if is_tty(out) and not wide else max(WIDE, out.width)
+        show(out, gpu_table(outcomes), venv_table(outcomes, width=width),
+             *part_errors(outcomes), *failures(outcomes), wide=wide)
     code = exit_code(outcomes)  # 3 only when some hosts answered and others did not
     if code:
         raise typer.Exit(int(code))
@@ -69,6 +71,7 @@ def doctor(
     refresh: bool = REFRESH,
     max_age: float = MAX_AGE,
     as_json: bool = AS_JSON,
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
     """Findings for a host (and one venv or deployment), each with evidence and a remedy."""
     from ddtree_deploy.rules.engine import diagnose
@@ -109,8 +112,9 @@ def doctor(
         })
     else:
         from ddtree_deploy.cli.render_inventory import findings_table, remedies
+        from ddtree_deploy.cli.render_table import show
 
-        out.print(findings_table(spec.name, venv, findings))
+        show(out, findings_table(spec.name, venv, findings), wide=wide)
         for line in remedies(findings):
             out.print(line, soft_wrap=True)
     if any(f.severity == "error" for f in findings):

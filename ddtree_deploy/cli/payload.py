@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, print_json
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_json
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.roles import refuse_write
 
@@ -128,9 +128,10 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
 
 @app.command("status")
 def status(ctx: typer.Context, host: str = typer.Argument(...),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+           as_json: bool = typer.Option(False, "--json"),
+           wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)) -> None:
     """Which payload version is on each venv of the host (declared and discovered)."""
-    from ddtree_deploy.cli.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table, show
     from ddtree_deploy.cli.text import cell
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.facts.gather import collect
@@ -161,6 +162,6 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
         else:
             add_row(table, venv, f"{st['payload']} {st['version']} ({st.get('form', 'patch')})",
                     st.get("sglang", "?"), st.get("backup") or "(plugin: no backup)")
-    out.print(table)
+    show(out, table, wide=wide)
     if failed:  # a venv that is not one, or whose state cannot be read, is not a status
         raise typer.Exit(1)

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from ddtree_deploy import __version__
-from ddtree_deploy.cli.common import config_of, console, print_json
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_json
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.errors import DeployError, UsageError
@@ -212,9 +212,10 @@ def _unit_of(config: Config, name: str) -> str:
 
 @app.command("list")
 def list_(ctx: typer.Context, host: str = typer.Argument(...),
-          as_json: bool = typer.Option(False, "--json")) -> None:
+          as_json: bool = typer.Option(False, "--json"),
+          wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)) -> None:
     """The services this tool created on HOST, with their state."""
-    from ddtree_deploy.cli.render_table import add_row, make_table
+    from ddtree_deploy.cli.render_table import add_row, make_table, show
     from ddtree_deploy.service import install
     from ddtree_deploy.transport.connect import open_transport
 
@@ -229,7 +230,10 @@ def list_(ctx: typer.Context, host: str = typer.Argument(...),
     for s in states:
         add_row(table, s.unit, s.deployment or "-", s.active, s.sub, str(s.main_pid),
                 str(s.restarts), str(s.exit_status))
-    out.print(table if states else f"no ddtree-deploy services on {host}", markup=False)
+    if states:
+        show(out, table, wide=wide)
+    else:
+        out.print(f"no ddtree-deploy services on {host}", markup=False)
 
 
 @app.command("status")
