@@ -316,11 +316,8 @@ def test_0517_flags_come_from_its_fields_and_ddtree_needs_the_plugin(lab: dict[s
         "ModuleNotFoundError: No module named 'sgl_kernel'"
 
 
-def test_0517_with_the_plugins_entry_point_gets_past_the_algorithm(lab: dict[str, Path],
-                                                                   tmp_path: Path) -> None:
-    """The plugin wheel built from payload/plugin/ installed beside sglang 0.5.17: its entry
-    point registers DDTREE (the next check, sgl_kernel, is what fails); SGLANG_PLUGINS without
-    it leaves DDTREE unknown, as load_plugins() would."""
+def _plugin(lab: dict[str, Path], tmp_path: Path) -> Path:
+    """The plugin wheel built from payload/plugin/, installed into a folder of its own."""
     from ddtree_deploy.payload.plugin import build_wheel
     from ddtree_deploy.resources import data_path
 
@@ -329,7 +326,50 @@ def test_0517_with_the_plugins_entry_point_gets_past_the_algorithm(lab: dict[str
     subprocess.run([str(lab["venv"] / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
                     "--no-index", "--disable-pip-version-check", "--target", str(plugin),
                     str(wheel.path)], check=True, capture_output=True)
-    lab = {**lab, "plugin": plugin}
+    return plugin
+
+
+def test_0517_with_the_plugin_serves_ddtree_with_its_environment(lab: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """The whole plugin-form start on 0.5.17's real files: the argv the tool renders for
+    0.5.17, the tree's settings in SGLANG_DDTREE_*, the server healthy and answering."""
+    pkgs = ["sglang-0.5.17", "plugin", *[p for p in GOOD if p != "sglang-0.5.11"]]
+    lab = {**lab, "plugin": _plugin(lab, tmp_path)}
+    port = _free_port()
+    env = _env(lab, pkgs, _spec(lab["root"], SM120), CUDA_VISIBLE_DEVICES="0",
+               DDTREE_LAB_GPU_CLAIMS=str(tmp_path / "claims"), SGLANG_DDTREE_BUDGET="15",
+               SGLANG_DDTREE_TOPK="8")
+    models = _models(lab)
+    models[3] = "DDTREE"
+    argv = [str(lab["venv"] / "bin/python"), "-m", "sglang.launch_server", *models,
+            *PLUGIN_FLAGS, "--port", str(port), "--mem-fraction-static", "0.8"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline, status = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and status != 200:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                status = _get(f"http://127.0.0.1:{port}/health")[0]
+            except OSError:
+                time.sleep(0.1)
+        assert status == 200
+        status, body = _get(f"http://127.0.0.1:{port}/v1/completions",
+                            {"prompt": "Hello", "max_tokens": 12})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 12
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    assert "registered speculative algorithm DDTREE" in out
+    assert "DDTREE ready: budget=15 topk=8" in out
+
+
+def test_0517_with_the_plugins_entry_point_gets_past_the_algorithm(lab: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    """The plugin wheel built from payload/plugin/ installed beside sglang 0.5.17: its entry
+    point registers DDTREE (the next check, sgl_kernel, is what fails); SGLANG_PLUGINS without
+    it leaves DDTREE unknown, as load_plugins() would."""
+    lab = {**lab, "plugin": _plugin(lab, tmp_path)}
     env = _env(lab, ["sglang-0.5.17", "torch-cu128", "plugin"], _spec(lab["root"], SM120))
     models = _models(lab)
     models[3] = "DDTREE"
