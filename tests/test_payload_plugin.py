@@ -71,10 +71,10 @@ def world(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(root: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, XDG_CACHE_HOME=str(root / "xdg/cache"), HOME=str(root / "home"),
                XDG_STATE_HOME=str(root / "xdg/state"), XDG_CONFIG_HOME=str(root / "xdg/config"),
-               PATH="/usr/bin:/bin", NO_COLOR="1", COLUMNS="200")
+               PATH="/usr/bin:/bin", NO_COLOR="1", COLUMNS="200", **extra)
     try:
         return subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--hosts",
                                str(root / "hosts.yaml"), "payload", *args],
@@ -120,6 +120,20 @@ def test_plugin_deploy_verify_rollback_leave_sglang_byte_identical(world: Path, 
     assert not (venv / ".ddtree-deploy/payload.json").exists()
     site = _sglang(venv).parent
     assert not list(site.glob("ddtree*")), "the plugin's files stayed"
+
+
+def test_where_uv_cannot_be_pushed_the_venvs_own_pip_installs_it(world: Path) -> None:
+    """No uv on the host and none to push (the workstation has no uv wheel and no index):
+    `--installer auto` falls back to the venv's own pip, saying why."""
+    shutil.rmtree(world / "xdg/cache/ddtree-deploy/uv")
+    venv = _venv(world, "v", wheelcache.wheel("sglang", "0.5.17"), pip=True)
+    said = _ok(cli(world, "deploy", "localhost", "--venv", str(venv), PIP_NO_INDEX="1"))
+    assert "installed with pip" in said, said
+    assert _entry_points(venv) == ["ddtree"]
+    assert not (world / "home/.ddtree-deploy/bin/uv").exists()
+    r = cli(world, "deploy", "localhost", "--venv", str(venv), "--installer", "uv",
+            PIP_NO_INDEX="1")
+    assert r.returncode == 0 and "unchanged" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_changed_plugin_file_fails_verify(world: Path) -> None:
