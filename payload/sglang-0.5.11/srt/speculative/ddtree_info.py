@@ -46,6 +46,9 @@ class DraftContext:
     positions: torch.Tensor
     cache_loc: torch.Tensor
     max_position: int
+    # With ``pad_draft_ctx``: the same at a fixed shape, ``bs x W`` rows (W: the walk's steps),
+    # for a CUDA graph: (target hidden rows, positions, cache locations; padding: slot 0).
+    padded: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
 
 @dataclass
@@ -59,6 +62,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     finisher: Optional[Callable[[TreeRound, torch.Tensor], Tuple[RoundResult, torch.Tensor]]] = None
     # Set by ``verify``: what the worker's draft KV append reads instead of device lengths.
     draft_ctx: Optional[DraftContext] = None
+    pad_draft_ctx: bool = False  # set by the worker when its draft KV append replays a graph
 
     @classmethod
     def from_round(
@@ -191,12 +195,23 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         order = block_order([row[steps : 2 * steps] for row in packed], commit_cpu, n)
         prefix_cpu = [int(x) for x in batch.seq_lens_cpu.tolist()]  # host lengths before
         positions = committed_positions(prefix_cpu, commit_cpu)
-        staged = to_device(commit_cpu + verified + order + positions, device)
+        pad: List[int] = []
+        if self.pad_draft_ctx:  # per request W rows: kept slots then -1, positions then 0
+            rows: List[int] = []
+            at = 0
+            for start, count in zip(prefix_cpu, commit_cpu, strict=True):
+                rows += order[at : at + count] + [-1] * (steps - count)
+                pad += [start + j for j in range(count)] + [0] * (steps - count)
+                at += count
+            pad = rows + pad
+        staged = to_device(commit_cpu + verified + order + positions + pad, device)
         commit_lens = staged[:bs].to(torch.int32)
         new_verified_id = staged[bs : 2 * bs]
         slots = staged[2 * bs : 2 * bs + bs * n]
+        tail = 2 * bs + bs * n + committed
 
-        locs = batch.out_cache_loc.view(bs * n)[slots]
+        flat_loc = batch.out_cache_loc.view(bs * n)
+        locs = flat_loc[slots]
         batch.token_to_kv_pool_allocator.free(locs[committed:])
         batch.out_cache_loc = locs[:committed]
 
@@ -224,9 +239,17 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         logits_output.hidden_states = None
         # Where the drafter's KV of the committed tokens goes, known without a device read: the
         # kept slots' cache locations and positions, in the order of ``next_target_hidden``.
+        padded = None
+        if pad:
+            rows_dev = staged[tail : tail + bs * steps]
+            keep = rows_dev >= 0
+            at = rows_dev.clamp(min=0)
+            padded = (hidden.view(bs * n, -1)[at], staged[tail + bs * steps :],
+                      torch.where(keep, flat_loc[at], torch.zeros_like(flat_loc[at])))
         self.draft_ctx = DraftContext(
-            positions=staged[2 * bs + bs * n :],
+            positions=staged[2 * bs + bs * n : tail],
             cache_loc=batch.out_cache_loc,
             max_position=max(positions, default=0),
+            padded=padded,
         )
         return new_verified_id, commit_lens, next_target_hidden, accepted_cpu

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -50,6 +51,13 @@ from sglang.srt.speculative.dflash_worker import DFlashWorker
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, eq=False)
+class _RopeTable:
+    """The drafter's RoPE table as a graph's bound argument (by identity)."""
+
+    cos_sin: torch.Tensor
+
+
 class DDTreeWorker(DFlashWorker):
     """DFlash worker whose verify block is a DDTree (spec-v1, page size 1, exact verify)."""
 
@@ -72,6 +80,7 @@ class DDTreeWorker(DFlashWorker):
         self._tree_expected: Optional[torch.Tensor] = None
         self._chain_expected: Optional[torch.Tensor] = None
         self._plan_graphs, self._walk_graphs = self._round_graphs(server_args)
+        self._kv_graphs = self._kv_graph_cache()
         backend = self.target_worker.model_runner.attn_backend
         if not self.ddtree_shadow_linear and hasattr(
             backend, "update_mamba_state_after_mtp_verify"
@@ -219,6 +228,10 @@ class DDTreeWorker(DFlashWorker):
             bs, draft_hidden[:, 1:, :], block_ids[:, 0], batch.seq_lens, lm_head
         )
         verify_input = DDTreeVerifyInput.from_round(plan, mask_index, self._finish)
+        kv_graphs = getattr(self, "_kv_graphs", None)
+        verify_input.pad_draft_ctx = bool(
+            kv_graphs is not None and kv_graphs.enabled and self._fused_on()
+            and not self.use_compact_draft_cache and kv_graphs._capture_if(bs))
         _, build_custom_mask = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
         if not build_custom_mask and not self.ddtree_shadow_linear:
             raise RuntimeError(
@@ -272,8 +285,16 @@ class DDTreeWorker(DFlashWorker):
             return super()._append_target_hidden_to_draft_kv(batch, draft_input)
         spec.draft_ctx = None
         with torch.inference_mode():
-            ctx_hidden = self.draft_model.project_target_hidden(hidden)
-            if self._use_fused_kv_materialize and self._fused_kv_helper is not None:
+            if ctx.padded is not None and self._fused_on():
+                # fixed shape: replayed from this batch size's graph (eager where it cannot)
+                holder = self._rope_holder(self._rope_cache(ctx.max_position, hidden.device))
+                self._kv_graphs(int(batch.batch_size()), *ctx.padded, holder)
+                ctx_hidden = None
+            else:
+                ctx_hidden = self.draft_model.project_target_hidden(hidden)
+            if ctx_hidden is None:
+                pass
+            elif self._use_fused_kv_materialize and self._fused_kv_helper is not None:
                 try:
                     self._materialize_fused(ctx_hidden, ctx.positions, ctx.cache_loc,
                                             ctx.max_position)
@@ -289,12 +310,37 @@ class DDTreeWorker(DFlashWorker):
         draft_input.ctx_lens = torch.zeros_like(draft_input.ctx_lens)
         draft_input.target_hidden = hidden[:0]
 
-    def _materialize_fused(self, ctx_hidden: torch.Tensor, positions: torch.Tensor,
-                           cache_loc: torch.Tensor, max_position: int) -> None:
-        """DFlash's fused KV materialisation (one batched projection, then RMSNorm + RoPE and the
-        pool's write per layer) with the largest position from the host, not the device."""
-        from sglang.srt.speculative.triton_ops.fused_kv_materialize import _fused_norm_rope
+    def _fused_on(self) -> bool:
+        return bool(getattr(self, "_use_fused_kv_materialize", False)) \
+            and getattr(self, "_fused_kv_helper", None) is not None
 
+    def _kv_graph_cache(self) -> GraphCache:
+        """The draft KV append at a fixed shape, one graph per batch size (as the plan's)."""
+        plans = self._plan_graphs
+
+        def off(why: str) -> None:
+            logger.warning("DDTREE draft KV graph off (%s): the append runs eagerly.", why)
+
+        return GraphCache(self._kv_fixed, enabled=plans.enabled, max_entries=plans.max_entries,
+                          capture_if=plans._capture_if, on_fail=off,
+                          on_capture=lambda bs: logger.info(
+                              "DDTREE round graph captured: draft-kv bs=%s", bs))
+
+    def _kv_fixed(self, hidden: torch.Tensor, positions: torch.Tensor, cache_loc: torch.Tensor,
+                  holder: Any) -> None:
+        """Project the target's hidden rows and write their K and V (padding rows: slot 0)."""
+        ctx_hidden = self.draft_model.project_target_hidden(hidden)
+        self._write_kv(ctx_hidden, positions, cache_loc, holder.cos_sin)
+
+    def _rope_holder(self, cos_sin: torch.Tensor) -> Any:
+        """One object per RoPE table (a graph binds it by identity: a new table, eager)."""
+        held = getattr(self, "_rope_held", None)
+        if held is None or held.cos_sin is not cos_sin:
+            held = self._rope_held = _RopeTable(cos_sin)
+        return held
+
+    def _rope_cache(self, max_position: int, device: torch.device) -> torch.Tensor:
+        """The drafter's RoPE table, long enough for ``max_position`` (known on the host)."""
         helper: Any = self._fused_kv_helper
         ensure = getattr(helper.rotary_emb, "_ensure_cos_sin_cache_length", None)
         if callable(ensure):
@@ -303,8 +349,20 @@ class DDTreeWorker(DFlashWorker):
         if max_position >= int(cos_sin.shape[0]):
             raise RuntimeError(f"RoPE cache too short: position {max_position}, "
                                f"cache {int(cos_sin.shape[0])}")
-        if cos_sin.device != ctx_hidden.device:
-            cos_sin = cos_sin.to(ctx_hidden.device)
+        return cos_sin if cos_sin.device == device else cos_sin.to(device)
+
+    def _materialize_fused(self, ctx_hidden: torch.Tensor, positions: torch.Tensor,
+                           cache_loc: torch.Tensor, max_position: int) -> None:
+        """DFlash's fused KV materialisation (one batched projection, then RMSNorm + RoPE and the
+        pool's write per layer) with the largest position from the host, not the device."""
+        self._write_kv(ctx_hidden, positions, cache_loc,
+                       self._rope_cache(max_position, ctx_hidden.device))
+
+    def _write_kv(self, ctx_hidden: torch.Tensor, positions: torch.Tensor,
+                  cache_loc: torch.Tensor, cos_sin: torch.Tensor) -> None:
+        from sglang.srt.speculative.triton_ops.fused_kv_materialize import _fused_norm_rope
+
+        helper: Any = self._fused_kv_helper
         kv_all = torch.einsum("th,loh->lto", ctx_hidden, helper.batched_kv_weight)
         pool = self.draft_model_runner.token_to_kv_pool
         for layer_id in range(helper.n_layers):
