@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -50,12 +51,15 @@ def test_a_host_name_far_from_any_subcommand_is_still_benched(
     assert "unknown host 'nosuchhost'" in err
 
 
-@pytest.mark.integration  # git runs to read the commit
+@pytest.mark.integration  # git runs to say what HEAD is
 def test_version_names_the_commit(capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
     code, out, _ = _run(capsys, "--version")
     assert code == 0
-    assert re.fullmatch(rf"ddtree-deploy {re.escape(__version__)} \(commit [0-9a-f]{{12}}"
-                        r"(\+dirty)?\)\n", out), out
+    assert out == f"ddtree-deploy {__version__} (commit {head})\n"
 
 
 def test_version_of_a_built_wheel_reads_its_commit(tmp_path: Path,
@@ -71,6 +75,25 @@ def test_version_of_a_built_wheel_reads_its_commit(tmp_path: Path,
     assert version.commit() == "unknown"
     built.unlink()
     assert version.commit() == "unknown"
+
+
+def test_version_reads_a_worktrees_packed_ref(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddtree_deploy import version
+
+    main_git = tmp_path / "main" / ".git"
+    (main_git / "worktrees" / "wt").mkdir(parents=True)
+    (main_git / "packed-refs").write_text(f"# pack-refs\n{'ab' * 20} refs/heads/topic\n")
+    wt_git = main_git / "worktrees" / "wt"
+    (wt_git / "HEAD").write_text("ref: refs/heads/topic\n")
+    (wt_git / "commondir").write_text("../..\n")
+    checkout = tmp_path / "wt"
+    checkout.mkdir()
+    (checkout / ".git").write_text(f"gitdir: {wt_git}\n")
+    monkeypatch.setattr(version, "_CHECKOUT", checkout)
+    assert version.commit() == "ab" * 6
+    (wt_git / "HEAD").write_text("cd" * 20 + "\n")  # detached
+    assert version.commit() == "cd" * 6
 
 
 def test_typer_and_rich_are_bounded_in_pyproject() -> None:
@@ -146,3 +169,48 @@ def test_hosts_list_piped_is_plain_rows(capsys: pytest.CaptureFixture[str]) -> N
     assert not any(c in out for c in "│┃━")
     rows = [line.split("\t") for line in lines if not line.startswith("#")]
     assert rows and all(len(r) in (5, 7) for r in rows)
+
+
+# ---- JSON: one shape for every failure under --json ------------------------------------------
+
+ERROR_KEYS = {"message", "hint", "file", "line"}
+
+
+@pytest.mark.parametrize("args", [("plan", "--json", "--bogus"), ("service", "status", "--json"),
+                                  ("inventory", "--json", "--concurrency", "zero")])
+def test_a_usage_error_under_json_is_the_error_document(capsys: pytest.CaptureFixture[str],
+                                                        args: tuple[str, ...]) -> None:
+    code, out, err = _run(capsys, "--hosts", str(ROOT / "hosts.yaml"), *args)
+    assert code == 2
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["schema"] == 1
+    assert set(doc["error"]) == ERROR_KEYS and doc["error"]["message"]
+    assert doc["error"]["hint"].startswith("Try 'ddtree-deploy ")
+    assert "Usage:" in err  # a person still gets typer's message
+
+
+def test_a_usage_error_without_json_prints_nothing_on_stdout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "plan", "--bogus")
+    assert code == 2 and out == ""
+
+
+def test_a_config_error_under_json_names_file_and_line(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("version: 1\nhosts:\n  x:\n    address: 1.2.3.4\n    port: 70000\n")
+    code, out, _ = _run(capsys, "--hosts", str(hosts), "plan", "--json")
+    assert code == 2
+    doc = json.loads(out)
+    assert doc["error"]["file"] == str(hosts) and doc["error"]["line"] == 5
+    assert "port" in doc["error"]["message"]
+
+
+def test_a_hint_is_its_own_field() -> None:
+    from ddtree_deploy.cli import errdoc
+    from ddtree_deploy.errors import RefusedError
+
+    doc = errdoc.of_error(RefusedError("GPU 0 is busy", hint="pass --force"), 1)
+    assert doc == {"ok": False, "error": {"message": "GPU 0 is busy", "hint": "pass --force",
+                                          "file": None, "line": None},
+                   "exit_code": 1, "schema": 1}

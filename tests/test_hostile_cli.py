@@ -74,4 +74,5 @@ def test_hostile_command_line(case: dict[str, Any], tmp_path: Path) -> None:
         assert wide == [], shown
     if "stdout_json_error" in case:
         data = json.loads(ran.stdout)
-        assert case["stdout_json_error"] in data["error"] and data["exit_code"] == case["rc"]
+        assert case["stdout_json_error"] in data["error"]["message"]
+        assert data["exit_code"] == case["rc"] and data["ok"] is False

@@ -72,8 +72,9 @@ def test_status_of_an_unknown_service_with_json_is_json(host: dict[str, Any],
     rc, out, err = _main(capsys, "service", "status", "one", "nosuch", "--json")
     assert rc == 1
     data = json.loads(out)
-    assert data == {"error": "nosuch.service: no such ddtree-deploy service on one",
-                    "exit_code": 1}
+    assert data == {"ok": False, "error": {
+        "message": "nosuch.service: no such ddtree-deploy service on one",
+        "hint": None, "file": None, "line": None}, "exit_code": 1, "schema": 1}
     assert "no such ddtree-deploy service" in err
 
 

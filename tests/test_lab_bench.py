@@ -252,7 +252,8 @@ def test_sweep_holds_the_lock_puts_the_running_unit_back_and_resumes(setup: Setu
     assert holder in applied.stdout + applied.stderr
     assert second.returncode == 1, second.stdout + second.stderr
     refusal = json.loads(second.stdout)
-    assert f"another apply holds {HOST}" in refusal["error"] and holder in refusal["error"]
+    said = refusal["error"]["message"]  # cli/errdoc.py's shape
+    assert f"another apply holds {HOST}" in said and holder in said
     assert not other.exists()
 
     assert code == 0, err

@@ -112,5 +112,5 @@ def test_a_bad_compress_value_is_a_usage_error(tmp_path: Path) -> None:
     assert "--compress 'sometimes': expected one of auto, always, never" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     report = json.loads(proc.stdout)  # --json: the error as data too (README, exit codes)
-    assert report["exit_code"] == 2 and "--compress 'sometimes'" in report["error"]
+    assert report["exit_code"] == 2 and "--compress 'sometimes'" in report["error"]["message"]
     assert not (site / "demo_lib").exists() and not (tmp_path / "cache").exists()

@@ -9,11 +9,11 @@ one line on stderr and exit 1; Ctrl-C while the CLI is still starting exits 130.
 
 import contextlib
 import errno
-import json
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,7 +78,22 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         from typer import rich_utils
 
         rich_utils.COLOR_SYSTEM = None  # typer's documented switch
+    from typer.core import TyperGroup
+
+    class RootGroup(TyperGroup):
+        """Under --json, a usage error (typer's, at any depth) is also a JSON document on
+        stdout (cli/errdoc.py); typer still says it on stderr and exits with its code."""
+
+        def make_context(self, *a: Any, **kw: Any) -> Any:
+            with _usage_as_json(args):
+                return super().make_context(*a, **kw)
+
+        def invoke(self, ctx: Any) -> Any:
+            with _usage_as_json(args):
+                return super().invoke(ctx)
+
     app = typer.Typer(
+        cls=RootGroup,
         name="ddtree-deploy",
         help="Get a DDTree speculative-decoding build of SGLang running on GPU hosts over SSH.",
         no_args_is_help=True,
@@ -125,6 +140,22 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
     return app
 
 
+@contextlib.contextmanager
+def _usage_as_json(args: "list[str] | None") -> Iterator[None]:
+    """A usage error raised inside: under --json also a JSON document on stdout."""
+    from typer._click.exceptions import ClickException
+
+    try:
+        yield
+    except ClickException as exc:
+        if args is not None and _wants_json(args):
+            from ddtree_deploy.cli import errdoc
+
+            sys.stdout.write(errdoc.dumps(errdoc.of_usage(exc)))
+            sys.stdout.flush()
+        raise
+
+
 def _interrupted_at_start(signum: int, frame: Any) -> None:
     sys.stderr.write("interrupted\n")
     raise SystemExit(130)
@@ -144,7 +175,9 @@ def _report(exc: Exception, code: int, as_json: bool) -> None:
     from ddtree_deploy.cli.text import esc
 
     if as_json:
-        sys.stdout.write(json.dumps({"error": str(exc), "exit_code": code}, indent=2) + "\n")
+        from ddtree_deploy.cli import errdoc
+
+        sys.stdout.write(errdoc.dumps(errdoc.of_error(exc, code)))
         sys.stdout.flush()
     _stderr(f"[red]error:[/red] {esc(exc)}")
 
@@ -211,7 +244,7 @@ def main(argv: "list[str] | None" = None) -> None:
     code = 0
     try:
         try:
-            app(args=args)
+            app(args=args, prog_name="ddtree-deploy")
         finally:
             sys.stdout.flush()
     except DeployError as exc:
