@@ -64,6 +64,19 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     applied = cli(lab, "apply", "ct200", "--yes")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "converged" in applied.stdout
+    # the run log (issue 31): said on stderr, 0600, every step and command with exit and seconds
+    logged = [line.split(" run log ", 1)[1] for line in applied.stderr.splitlines()
+              if line.startswith("ct200: run log ")]
+    assert len(logged) == 1, applied.stderr
+    log = Path(logged[0])
+    assert log.stat().st_mode & 0o777 == 0o600
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert events[0]["event"] == "start" and events[0]["what"]["hosts"] == ["ct200"]
+    assert events[-1]["event"] == "end" and events[-1]["ok"] is True
+    steps = {e["kind"] for e in events if e["event"] == "step" and e["ok"]}
+    assert {"payload.deploy", "unit.install", "service.start"} <= steps, steps
+    assert any(e["event"] == "command" and e["exit"] == 0 and e["seconds"] >= 0
+               for e in events)
     unit = sh(lab, "cat /etc/systemd/system/sglang-ddtree.service")
     for line in ("CUDA_VISIBLE_DEVICES=1", "--port 30001", "--speculative-algorithm DDTREE",
                  "--speculative-ddtree-budget 15", "--speculative-ddtree-topk 8",

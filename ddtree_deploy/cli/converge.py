@@ -133,12 +133,21 @@ def apply(
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
     concurrency: int = typer.Option(4, "--concurrency", min=1, max=32),
     deadline: float = typer.Option(180.0, "--probe-deadline", min=1),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="-v: each command sent to a host, its exit and seconds, "
+                                     "on stderr (secrets as ***)"),
 ) -> None:
     """Converge each host on its deployments: idempotent, resumable, one host's failure
-    does not stop the others."""
+    does not stop the others. Each host's run is logged under the state folder
+    (runs/*.jsonl, mode 0600: who, when, each command, its exit and seconds, each step)."""
+    from ddtree_deploy.converge.runlog import RunLog
     from ddtree_deploy.converge.runner import apply_host, make_plan
     from ddtree_deploy.converge.steps import Plan, Step
     from ddtree_deploy.transport.fanout import exit_code, fan_out
+    from ddtree_deploy.version import version_line
+
+    def say(message: str) -> None:
+        err.print(plain(message), markup=False, highlight=False, soft_wrap=True)
 
     config = config_of(ctx)
     if config.source == EMBEDDED:
@@ -191,7 +200,17 @@ def apply(
             raise UsageError(f"the saved plan has no steps for {host}")
         if saved is not None:
             _check_specs(saved, config, host)
-        return apply_host(config, host, expected_fingerprint=expected,
+        log = RunLog(host, say=say)
+        log.start({"command": "apply", "hosts": names, "plan": str(plan_file) if plan_file
+                   else None, "yes": yes}, str(config.path), version_line())
+        say(f"{host}: run log {log.path}")
+
+        def shown_command(command: str, code: int | None, seconds: float) -> None:
+            exit_ = "killed at its deadline" if code is None else f"exit {code}"
+            say(f"{host}: $ {command} ({exit_}, {seconds:.1f}s)")
+
+        return apply_host(config, host, expected_fingerprint=expected, log=log,
+                          observers=(shown_command,) if verbose else (),
                           report=lambda m: err.print(plain(m), markup=False, highlight=False),
                           probe_deadline=deadline,
                           on_plan=(lambda steps: show(host, steps)) if yes and saved is None

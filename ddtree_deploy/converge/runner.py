@@ -37,6 +37,8 @@ from ddtree_deploy.transport.connect import open_transport
 
 if TYPE_CHECKING:
     from ddtree_deploy.converge.lock import HostLock
+    from ddtree_deploy.converge.runlog import RunLog
+    from ddtree_deploy.transport.base import Observer
 
 Report = Callable[[str], None]
 
@@ -48,6 +50,13 @@ class HostRun:
     verdict: str | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)  # (step kind, seconds)
     total_s: float = 0.0
+    log: RunLog | None = field(default=None, repr=False)
+
+    def record(self, step: Step, seconds: float, ok: bool) -> None:
+        if ok:
+            self.timings.append((step.kind, seconds))
+        if self.log is not None:
+            self.log.step(step.kind, step.title, step.deployment, seconds, ok)
 
 
 def host_facts(config: Config, host: HostSpec, *, refresh: bool) -> Facts:
@@ -126,22 +135,32 @@ MAX_ROUNDS = 6
 
 def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = None,
                report: Report = lambda _m: None, probe_deadline: float = 120.0,
-               on_plan: Callable[[list[Step]], None] | None = None) -> HostRun:
+               on_plan: Callable[[list[Step]], None] | None = None,
+               log: RunLog | None = None, observers: tuple[Observer, ...] = ()) -> HostRun:
     """Under the host's lock (held on a connection of its own), over one more connection:
     rounds of plan on fresh facts, run every pending step in order (the planner already
     planned later steps on what earlier ones produce), until a round's plan is empty; a step
     still pending in the round after it ran fails the run. Then each service's health probe.
     `on_plan` sees the first round's steps (made under the lock, so they are the ones that
-    run)."""
+    run). `log` records every command sent on the work connection and every step;
+    `observers` are also told of each command (-v)."""
     from ddtree_deploy.converge.lock import HostLock  # apply only: plan stays light
 
     host = config.host(name)
-    run = HostRun(name)
+    run = HostRun(name, log=log)
     t0 = time.monotonic()
-    with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
-            open_transport(config, host) as t:
-        _converge(config, host, t, lock, run, expected_fingerprint, report, probe_deadline,
-                  on_plan)
+    try:
+        with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
+                open_transport(config, host) as t:
+            t.observers = (*observers, *((log.command,) if log is not None else ()))
+            _converge(config, host, t, lock, run, expected_fingerprint, report,
+                      probe_deadline, on_plan)
+    except BaseException as exc:
+        if log is not None:
+            log.end(str(exc) or type(exc).__name__)
+        raise
+    if log is not None:
+        log.end(None)
     run.total_s = time.monotonic() - t0
     return run
 
@@ -174,9 +193,10 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
             try:
                 _act(ctx, step)
             except DeployError as exc:
+                run.record(step, time.monotonic() - started, ok=False)
                 raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
                                   f"{exc.message}", hint=exc.hint) from exc
-            run.timings.append((step.kind, time.monotonic() - started))
+            run.record(step, time.monotonic() - started, ok=True)
             run.done.append(step)
             ran.add(key)
         now = facts.fresh()
@@ -190,5 +210,5 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
             report(f"{name}: {kind.announce(step)}")
             started = time.monotonic()
             run.verdict = kind.act(ctx, step)
-            run.timings.append((step.kind, time.monotonic() - started))
+            run.record(step, time.monotonic() - started, ok=True)
     return run

@@ -12,6 +12,7 @@ import io
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO, Protocol, Self, runtime_checkable
@@ -148,10 +149,16 @@ class _CountingReader(io.RawIOBase):
         return data
 
 
+# Told of every command a transport ran: (its display form, exit code or None when it was
+# killed at its deadline, seconds); apply's run log and -v listen here.
+Observer = Callable[[str, "int | None", float], None]
+
+
 class ExecTransport(ABC):
     """Everything of `Transport` built on one primitive, `_exec`."""
 
     host: str
+    observers: tuple[Observer, ...] = ()  # set per instance (apply_host), never shared
 
     @abstractmethod
     def _exec(
@@ -230,6 +237,8 @@ class ExecTransport(ABC):
             and raw.exit_code in (124, 137, 255, None, -1)
             and duration >= timeout * 0.9
         )
+        for observe in self.observers:
+            observe(shown, None if timed_out else raw.exit_code, duration)
         if timed_out:
             raise CommandTimeout(
                 f"{self.host}: command did not finish within {timeout:g}s and was killed: {shown}"

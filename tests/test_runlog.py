@@ -1,0 +1,73 @@
+"""apply's run log (issue 31): a 0600 JSON-lines file per host and run under the state folder,
+with who and when, every command's display form (secrets as ***), exit and seconds, each step."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.converge.runlog import RunLog, runs_dir
+from ddtree_deploy.transport import Command
+from ddtree_deploy.transport.local import LocalTransport
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def _events(log: RunLog) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.path.read_text().splitlines()]
+
+
+def test_a_run_log_is_private_and_says_who_when_what(state: Path) -> None:
+    log = RunLog("ct200")
+    log.start({"command": "apply", "hosts": ["ct200"]}, "hosts.yaml", "ddtree-deploy 0.1.0")
+    log.command("systemctl start x", 0, 1.23456)
+    log.step("service.start", "x", "dep", 2.5, True)
+    log.end(None)
+    assert log.path.parent == runs_dir() and runs_dir().is_relative_to(state)
+    assert stat.S_IMODE(log.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log.path.parent.stat().st_mode) == 0o700
+    start, command, step, end = _events(log)
+    assert start["event"] == "start" and start["who"] and start["host"] == "ct200"
+    assert start["what"] == {"command": "apply", "hosts": ["ct200"]}
+    when = datetime.datetime.fromisoformat(str(start["at"]))  # ISO-8601, UTC
+    assert when.utcoffset() == datetime.timedelta(0)
+    assert command == {**command, "command": "systemctl start x", "exit": 0, "seconds": 1.235}
+    assert step["kind"] == "service.start" and step["ok"] is True and step["seconds"] == 2.5
+    assert end["event"] == "end" and end["ok"] is True and end["error"] is None
+
+
+def test_a_failed_run_ends_with_its_error(state: Path) -> None:
+    log = RunLog("h")
+    log.end("h: step 'x' failed")
+    assert _events(log)[-1]["ok"] is False
+    assert _events(log)[-1]["error"] == "h: step 'x' failed"
+
+
+def test_a_log_that_cannot_be_written_does_not_stop_the_run(state: Path) -> None:
+    state.mkdir()
+    (state / "ddtree-deploy").write_text("a file where the folder goes")
+    said: list[str] = []
+    log = RunLog("h", say=said.append)
+    log.command("true", 0, 0.1)  # no error: the run goes on
+    log.end(None)
+    assert len(said) == 1 and "not kept" in said[0]
+
+
+@pytest.mark.integration  # a command runs
+def test_observers_hear_each_command_with_secrets_masked(state: Path) -> None:
+    heard: list[tuple[str, int | None, float]] = []
+    t = LocalTransport()
+    t.observers = (lambda c, code, s: heard.append((c, code, s)),)
+    t.run(Command.of("sh", "-c", "exit 3", "hunter2", secrets=frozenset({"hunter2"})))
+    ((command, code, seconds),) = heard
+    assert code == 3 and seconds >= 0
+    assert "hunter2" not in command and "***" in command
+    assert LocalTransport().observers == ()  # one transport's observers are its own
