@@ -171,7 +171,11 @@ def shipped_identity(sglang_version: str | None) -> tuple[str, str, str] | None:
     from ddtree_deploy.rules.matrix import load_matrix
 
     if load_matrix(folder, list(manifest.sglang)).form(sglang_version) == "plugin":
+        import tempfile
+
         from ddtree_deploy.payload.plugin import build_wheel
 
-        return build_wheel(folder).identity
+        # built where nothing stays (the same bytes every run): plan writes no cache of its own
+        with tempfile.TemporaryDirectory(prefix="ddtree-plugin-identity-") as tmp:
+            return build_wheel(folder, Path(tmp)).identity
     return None
