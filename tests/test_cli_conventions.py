@@ -214,3 +214,53 @@ def test_a_hint_is_its_own_field() -> None:
     assert doc == {"ok": False, "error": {"message": "GPU 0 is busy", "hint": "pass --force",
                                           "file": None, "line": None},
                    "exit_code": 1, "schema": 1}
+
+
+# ---- help: every parameter explained, labels that say what to type, one line per command -----
+
+
+def _tree() -> list[tuple[str, Any]]:
+    import typer
+
+    from ddtree_deploy.cli.helptext import prepare
+
+    root = typer.main.get_command(cli.build_app())
+    prepare(root)
+    found: list[tuple[str, Any]] = []
+
+    def walk(command: Any, path: str) -> None:
+        found.append((path, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(root, "")
+    return found
+
+
+def test_every_parameter_has_help_and_a_label_not_a_python_type() -> None:
+    missing, typed = [], []
+    for path, command in _tree():
+        for param in command.params:
+            if not param.help:
+                missing.append(f"{path} {param.name}")
+            if param.param_type_name == "option" and param.metavar is None \
+                    and not getattr(param.type_descriptor, "is_choice", False):
+                typed.append(f"{path} {param.opts[0]}")
+    assert missing == [] and typed == [], (missing, typed)
+
+
+def test_a_flag_has_no_type_label(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "apply", "-h")
+    assert code == 0
+    for line in out.splitlines():
+        if "--yes" in line or "--help" in line:
+            assert "<bool>" not in line, line
+    assert "<int" not in out and "<float" not in out and "<path>" not in out
+
+
+def test_command_lists_are_one_sentence_per_command() -> None:
+    for path, command in _tree():
+        for name, sub in getattr(command, "commands", {}).items():
+            line = sub.short_help or ""
+            assert line and "\n" not in line and "…" not in line, (path, name, line)
+            assert line == " ".join(line.split())

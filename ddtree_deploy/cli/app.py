@@ -80,11 +80,14 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         rich_utils.COLOR_SYSTEM = None  # typer's documented switch
     from typer.core import TyperGroup
 
+    from ddtree_deploy.cli import helptext
+
     class RootGroup(TyperGroup):
         """Under --json, a usage error (typer's, at any depth) is also a JSON document on
         stdout (cli/errdoc.py); typer still says it on stderr and exits with its code."""
 
         def make_context(self, *a: Any, **kw: Any) -> Any:
+            helptext.prepare(self)  # value labels and one-line command lists (cli/helptext.py)
             with _usage_as_json(args):
                 return super().make_context(*a, **kw)
 
@@ -100,7 +103,7 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         pretty_exceptions_enable=False,
         add_completion=False,
         # -h as well as --help, on every command (click's subcontexts inherit the names)
-        context_settings={"help_option_names": ["-h", "--help"]},
+        context_settings={"help_option_names": helptext.HELP_NAMES},
     )
     only = invoked(args) if args is not None else None
     for name, module, attr, group in COMMANDS:

@@ -77,16 +77,24 @@ def run(
                                         "grid flags below"),
     configs: str = typer.Option(DEFAULT_CONFIGS, "--configs",
                                 help="none, dflash, ddtree:BUDGET/TOPK, shadow:BUDGET/TOPK"),
-    concurrency: str = typer.Option("1,4,16", "--concurrency"),
-    sampling: str = typer.Option("greedy,sampled", "--sampling"),
-    workload_names: str = typer.Option("code,math,json,chat,agentic", "--workloads"),
+    concurrency: str = typer.Option("1,4,16", "--concurrency",
+                                    help="requests in flight per cell, comma-separated"),
+    sampling: str = typer.Option("greedy,sampled", "--sampling",
+                                 help="greedy, sampled or both, comma-separated"),
+    workload_names: str = typer.Option("code,math,json,chat,agentic", "--workloads",
+                                       help="workloads of bench/workloads.json, "
+                                            "comma-separated"),
     requests: int = typer.Option(16, "--requests", min=1, max=10000,
                                  help="requests per cell (agentic: sessions)"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, max=32768),
-    repeats: int = typer.Option(1, "--repeats", min=1, max=100),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, max=32768,
+                                       help="tokens each request may generate"),
+    repeats: int = typer.Option(1, "--repeats", min=1, max=100,
+                                help="times each cell is measured"),
     time_limit: float = typer.Option(120.0, "--time-limit", min=1, max=86400,
                                      help="seconds per cell: no new request after it"),
-    warmup_requests: int = typer.Option(2, "--warmup-requests", min=0, max=100),
+    warmup_requests: int = typer.Option(2, "--warmup-requests", min=0, max=100,
+                                        help="requests sent and not measured before each "
+                                             "configuration"),
     prompts: str = typer.Option("auto", "--prompts", help="ids | text | auto"),
     mode: str = typer.Option("auto", "--mode",
                              help="auto | systemd | plain (a plain process with a log file, "
@@ -267,8 +275,11 @@ def _results_path(ctx: typer.Context, results_file: Path | None, host: str | Non
 def report(
     ctx: typer.Context,
     host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
-    deployment: str = typer.Argument(None),
-    results_name: str = typer.Option(None, "--results", metavar="FILE"),
+    deployment: str = typer.Argument(None, help="the deployment benched (default: the host's "
+                                                "only one)"),
+    results_name: str = typer.Option(None, "--results", metavar="FILE",
+                                     help="a results JSON (default: HOST's in the XDG state "
+                                          "folder)"),
     out_dir: str = typer.Option(None, "--out", metavar="DIR",
                                 help="default: a report/ folder beside the results (made if "
                                      "missing)"),
@@ -296,8 +307,11 @@ def report(
 def recommend_cmd(
     ctx: typer.Context,
     host: str = typer.Argument(None, help="with DEPLOYMENT: where bench stored its results"),
-    deployment: str = typer.Argument(None),
-    results_name: str = typer.Option(None, "--results", metavar="FILE"),
+    deployment: str = typer.Argument(None, help="the deployment benched (default: the host's "
+                                                "only one)"),
+    results_name: str = typer.Option(None, "--results", metavar="FILE",
+                                     help="a results JSON (default: HOST's in the XDG state "
+                                          "folder)"),
     write: str = typer.Option(None, "--write", metavar="DEPLOYMENT",
                               help="write the overall choice into this deployment of the hosts "
                                    "file (a diff is shown first)"),

@@ -131,8 +131,10 @@ def apply(
     hosts: list[str] = typer.Argument(None, help="hosts (default: those of the plan or all)"),
     plan_file: Path = typer.Option(None, "--plan", help="run exactly this saved plan"),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
-    concurrency: int = typer.Option(4, "--concurrency", min=1, max=32),
-    deadline: float = typer.Option(180.0, "--probe-deadline", min=1),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, max=32,
+                                    help="hosts converged at once"),
+    deadline: float = typer.Option(180.0, "--probe-deadline", min=1,
+                                   help="seconds each service's health probe may take"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                 help="-v: each command sent to a host, its exit and seconds, "
                                      "on stderr (secrets as ***)"),

@@ -61,7 +61,8 @@ def list_hosts(ctx: typer.Context,
 def check(
     ctx: typer.Context,
     hosts: list[str] = typer.Argument(None, help="hosts to check (default: all)"),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, max=64,
+                                    help="hosts asked at once"),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
     """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""

@@ -27,7 +27,8 @@ def inventory(
     refresh: bool = REFRESH,
     max_age: float = MAX_AGE,
     as_json: bool = AS_JSON,
-    concurrency: int = typer.Option(8, "--concurrency", min=1, max=64),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, max=64,
+                                    help="hosts asked at once"),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
     """Know every host before touching it: GPUs (busy, dead), venvs and their CUDA lanes."""

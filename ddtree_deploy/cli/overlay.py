@@ -136,7 +136,8 @@ def overlay(
 
 @app.command("rollback")
 def rollback(ctx: typer.Context, host: str = typer.Argument(...),
-             venv: str = typer.Option(..., "--venv")) -> None:
+             venv: str = typer.Option(..., "--venv",
+                                      help="the venv (a path on the host) to put back")) -> None:
     """Undo the latest overlay of the venv, byte for byte, from its backup."""
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.overlay import apply as remote_apply

@@ -87,17 +87,26 @@ def up(
     # server settings: their ranges and rules are ServerSettings' own (settings/model.py)
     gpu: int = typer.Option(None, "--gpu", help="the first GPU (default: a free one)"),
     port: int = typer.Option(None, "--port", help="1-65535 (default: a free one)"),
-    venv: str = typer.Option(None, "--venv"),
+    venv: str = typer.Option(None, "--venv", help="the venv to serve from (a path on the "
+                                                  "host; needed without a deployment)"),
     algorithm: str = typer.Option(None, "--algorithm", help="none | dflash | ddtree"),
-    model_path: str = typer.Option(None, "--model-path"),
-    draft_model_path: str = typer.Option(None, "--draft-model-path"),
+    model_path: str = typer.Option(None, "--model-path",
+                                   help="the target model (a folder on the host)"),
+    draft_model_path: str = typer.Option(None, "--draft-model-path",
+                                         help="the DFlash drafter (a folder on the host)"),
     budget: int = typer.Option(None, "--ddtree-budget", help="tree nodes per round, 1-1024"),
     topk: int = typer.Option(None, "--ddtree-topk", help="candidates per depth, 1-1024"),
-    attention_backend: str = typer.Option(None, "--attention-backend"),
-    grammar_backend: str = typer.Option(None, "--grammar-backend"),
+    attention_backend: str = typer.Option(None, "--attention-backend",
+                                          help="SGLang's --attention-backend (e.g. triton, "
+                                               "flashinfer, fa3)"),
+    grammar_backend: str = typer.Option(None, "--grammar-backend",
+                                        help="SGLang's --grammar-backend (e.g. xgrammar, "
+                                             "none)"),
     sampling_backend: str = typer.Option(None, "--sampling-backend",
                                          help="flashinfer | pytorch | ascend"),
-    mem_fraction_static: float = typer.Option(None, "--mem-fraction-static"),
+    mem_fraction_static: float = typer.Option(None, "--mem-fraction-static",
+                                              help="the GPU memory share for weights and "
+                                                   "KV cache, 0-1"),
     service_name: str = typer.Option(None, "--name", help="unit name without a deployment"),
     force: bool = typer.Option(False, "--force", help="use a busy GPU or taken port anyway"),
     deadline: float = typer.Option(180.0, "--deadline", min=1, help="seconds for the probe"),
@@ -267,7 +276,8 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
 
 @app.command("logs")
 def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.Argument(...),
-         lines: int = typer.Option(200, "-n", "--lines", min=1, max=100000)) -> None:
+         lines: int = typer.Option(200, "-n", "--lines", min=1, max=100000,
+                                   help="the last N lines of the log")) -> None:
     """The service's journal (last N lines)."""
     from ddtree_deploy.service import install
     from ddtree_deploy.transport.connect import open_transport

@@ -1,0 +1,82 @@
+"""Help that reads the same on every command: labels for values, one line per command.
+
+Run once per invocation on the click command tree typer built (cli/app.py's root group):
+
+- a value's label says what to type (``N``, ``NUM``, ``TEXT``, ``PATH``, ``HOST``), never
+  typer's Python type (``<int>``, ``<list[str]>``); a flag has none (it takes no value);
+  an argument is named in capitals (``{HOST} [NAME]``: typer's braces for a required one);
+- a command's line in its group's list is its docstring's first sentence on one line (the
+  docstring's own line breaks do not leak into the list), whole: never cut with "…".
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+_BY_TYPE = {"int": "N", "float": "NUM", "Path": "PATH", "str": "TEXT", "bool": "BOOL"}
+_SENTENCE = re.compile(r"(?<=[.;!?])\s")
+SHORT_MAX = 90
+
+
+def _label(param: Any) -> str | None:
+    """None: typer's own label is kept (choices, and types this table does not know)."""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None or desc.is_choice or not hasattr(param, "bare_type"):
+        return None
+    kind = param.bare_type()
+    if kind.startswith("list[") and kind.endswith("]"):
+        kind = kind[5:-1]
+    return _BY_TYPE.get(kind)
+
+
+# What a parameter of this name means wherever it appears without help of its own.
+COMMON_HELP = {
+    "as_json": "print JSON for machines (a failure too: {ok, error, exit_code, schema})",
+    "json": "print JSON for machines (a failure too: {ok, error, exit_code, schema})",
+    "host": "a host of the hosts file",
+    "name": "a deployment of the hosts file, or a unit name",
+}
+
+
+def label_params(command: Any) -> None:
+    for param in getattr(command, "params", ()):
+        if not getattr(param, "help", None) and param.name in COMMON_HELP:
+            param.help = COMMON_HELP[param.name]
+        if param.metavar is not None:
+            continue
+        if param.param_type_name == "argument":
+            param.metavar = (param.name or "value").upper()  # typer adds {}, [] and ...
+        elif getattr(param, "is_flag", False) or getattr(param, "count", False):
+            param.metavar = ""
+        else:
+            label = _label(param)
+            if label is not None:
+                param.metavar = label + ("..." if param.nargs != 1 else "")
+
+
+def short_help(text: str) -> str:
+    """The first paragraph on one line; past SHORT_MAX, its first sentence (whole)."""
+    first = " ".join(text.strip().split("\n\n", 1)[0].split())
+    if len(first) <= SHORT_MAX:
+        return first
+    parts = _SENTENCE.split(first, maxsplit=1)
+    return parts[0].rstrip(";") if parts else first
+
+
+HELP_NAMES = ["-h", "--help"]
+
+
+def prepare(command: Any) -> None:
+    """Labels and command lines for `command` and everything below it."""
+    label_params(command)
+    get_help = getattr(command, "get_help_option", None)
+    if get_help is not None:  # made once per command and kept: a flag, no label either
+        help_option = get_help(SimpleNamespace(help_option_names=HELP_NAMES))
+        if help_option is not None:
+            help_option.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        if sub.short_help is None and sub.help:
+            sub.short_help = short_help(sub.help)
+        prepare(sub)
