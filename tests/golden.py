@@ -17,6 +17,8 @@ reviewed with the change:
 
     .venv/bin/python tests/golden.py --update
 
+(which also regenerates docs/commands.md and docs/hosts-yaml.md, scripts/gen_docs.py).
+
 This module starts no process (the unit tier): the CLI runs in this process (typer's
 CliRunner), with XDG_STATE_HOME pointed at a temporary folder.
 """
@@ -332,6 +334,11 @@ def main(argv: list[str]) -> int:
     if argv == ["--update"]:
         write(files)
         print(f"wrote {len(files)} golden files under {GOLDEN.relative_to(ROOT)}")
+        # the reference pages under docs/ come from the same CLI and schema: updated together
+        import runpy
+
+        runpy.run_path(str(ROOT / "scripts" / "gen_docs.py"), run_name="gen_docs")["main"]([])
+        print("wrote docs/commands.md and docs/hosts-yaml.md (scripts/gen_docs.py)")
         return 0
     print(__doc__)
     return 2
