@@ -146,3 +146,28 @@ def test_only_wheels_with_nvidia_library_folders_make_the_unit_gather_again(
                   ["nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cudnn/include/cudnn.h"])
     assert not adds_library_folders([ml_py, soundfile])
     assert adds_library_folders([soundfile, cudnn])
+
+
+def test_a_changed_unit_is_planned_with_its_diff() -> None:
+    config = load_config(embedded_hosts_file())
+    f = facts(True)
+    current = installed_unit(f)
+    old = current.replace("--port 30001", "--port 30002")
+    assert old != current
+    steps = plan_host(config, config.host("ct200"), f,
+                      HostState(units={"sglang-ddtree.service": old}))
+    (unit,) = [s for s in steps if s.kind == "unit.install"]
+    assert unit.reason == "the unit differs"
+    minus = [c for c in unit.changes if c.startswith("unit -")]
+    plus = [c for c in unit.changes if c.startswith("unit +")]
+    assert len(minus) == len(plus) == 1
+    assert "--port 30002" in minus[0] and "--port 30001" in plus[0]
+
+
+def test_a_package_step_says_old_and_new() -> None:
+    config = load_config(embedded_hosts_file())
+    f = facts(True, {**CU130, "soundfile": "0.12.1"})
+    state = HostState(units={"sglang-ddtree.service": installed_unit(f)})
+    steps = plan_host(config, config.host("ct200"), f, state)
+    (step,) = [s for s in steps if s.pending]
+    assert "soundfile: 0.12.1 -> ==0.13.1" in step.changes

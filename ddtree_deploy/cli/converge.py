@@ -37,7 +37,11 @@ def _render(plan_: object) -> None:
         out.print(f"  {MARK[not s.pending]} {esc(s.kind):<16} {esc(s.title)}: {esc(s.reason)}",
                   highlight=False)
         for change in s.changes:
-            out.print(f"      -> {esc(change)}", highlight=False)
+            if change.startswith(("unit -", "unit +")):  # the unit's diff, old then new
+                style = "red" if change[5] == "-" else "green"
+                out.print(f"         [{style}]{esc(change[5:])}[/{style}]", highlight=False)
+            else:
+                out.print(f"      -> {esc(change)}", highlight=False)
     n = len(plan_.changes)
     planned = [h for h in plan_.hosts if h not in plan_.errors]
     if planned:

@@ -50,7 +50,9 @@ def plan(ctx: Planning) -> list[Step]:
                                   satisfied=True))
             continue
         installed = dists.get(canonicalize_name(name))
-        changes = [f"uv pip install {'--no-deps ' if not deps else ''}{req}"]
+        wanted = str(Pep508(req).specifier) or "any version"
+        changes = [f"uv pip install {'--no-deps ' if not deps else ''}{req}",
+                   f"{name}: {installed or 'not installed'} -> {wanted}"]
         note = lacking(ctx) if not deps and canonicalize_name(name) == "sglang" else None
         steps.append(ctx.step(KIND, req, f"{name} is "
                                          f"{'at ' + installed if installed else 'not installed'}"

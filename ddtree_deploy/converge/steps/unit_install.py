@@ -55,14 +55,34 @@ def plan(ctx: Planning) -> list[Step]:
                          [f"install {spec.unit_path} ({listens(spec)})"],
                          params=UnitParams(unit))]
     installed = ctx.state.units.get(unit)
-    same = installed == unit_text(spec)
+    rendered = unit_text(spec)
+    same = installed == rendered
     ctx.changed = not same
+    changes = [] if same else [f"install {spec.unit_path} (GPU "
+                               f"{','.join(map(str, spec.gpus))}, port {spec.port}; "
+                               f"{listens(spec)})"]
+    if installed is not None and not same:
+        changes += unit_diff(installed, rendered)
     return [ctx.step(KIND, unit, f"installed unit matches ({listens(spec)})" if same else
                      ("no unit installed" if installed is None else "the unit differs"),
-                     [] if same else [f"install {spec.unit_path} (GPU "
-                                      f"{','.join(map(str, spec.gpus))}, port {spec.port}; "
-                                      f"{listens(spec)})"],
-                     satisfied=same, params=UnitParams(unit))]
+                     changes, satisfied=same, params=UnitParams(unit))]
+
+
+DIFF_LINES = 60  # a unit differs in a few lines; a longer diff is said as a count past these
+
+
+def unit_diff(installed: str, rendered: str) -> list[str]:
+    """The installed unit against the one apply would install: its changed lines, old (`-`)
+    then new (`+`), as a unified diff without context; the tool's comment lines (its version)
+    left out. Units hold no secrets: render refuses them."""
+    import difflib
+
+    lines = [line for line in difflib.unified_diff(installed.splitlines(), rendered.splitlines(),
+                                                   lineterm="", n=0)
+             if not line.startswith(("---", "+++", "@@")) and not line[1:].startswith("#")]
+    if len(lines) > DIFF_LINES:
+        lines = [*lines[:DIFF_LINES], f"... {len(lines) - DIFF_LINES} more changed lines"]
+    return [f"unit {line}" for line in lines]
 
 
 def act(ctx: Acting, step: Step) -> None:
