@@ -134,6 +134,9 @@ def commands() -> str:
         help_text = inspect.cleandoc(command.help or "")
         if help_text:
             out.append("\n\n".join(" ".join(p.split()) for p in help_text.split("\n\n")) + "\n")
+        if command.epilog:
+            example = command.epilog.removeprefix("Example: ")
+            out.append(f"\nExample:\n\n```\n{example}\n```\n")
         rows = []
         for param in command.params:
             if param.param_type_name == "argument":

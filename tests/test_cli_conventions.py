@@ -264,3 +264,33 @@ def test_command_lists_are_one_sentence_per_command() -> None:
             line = sub.short_help or ""
             assert line and "\n" not in line and "…" not in line, (path, name, line)
             assert line == " ".join(line.split())
+
+
+def test_every_command_has_an_example_that_parses() -> None:
+    import shlex
+
+    from ddtree_deploy.cli.helptext import EXAMPLES
+
+    tree = dict(_tree())
+    for path, command in tree.items():
+        if path.split(" ")[0] not in cli.BUILT_INS and path:
+            continue  # a plugin's group brings its own help
+        assert path in EXAMPLES, f"no example for '{path}'"
+        example = command.epilog.removeprefix("Example: ")
+        words = shlex.split(example.split("|")[0])
+        assert words[0] == "ddtree-deploy"
+        words = words[1:]
+        while words and words[0].startswith("--hosts"):
+            words = words[2:]
+        leaf, rest = path, words[len(path.split()) if path else 0:]
+        assert words[: len(path.split()) if path else 0] == (path.split() if path else []), \
+            example
+        target = tree[leaf]
+        if hasattr(target, "commands") and rest and rest[0] in target.commands:
+            target, rest = target.commands[rest[0]], rest[1:]
+        if hasattr(target, "commands") and not rest:
+            continue
+        if leaf == "bench" and rest and rest[0] not in target.commands:
+            target = target.commands["run"]  # `bench HOST ...` is `bench run HOST ...`
+        ctx = target.make_context(leaf or "ddtree-deploy", list(rest))  # raises when wrong
+        assert ctx is not None

@@ -67,10 +67,49 @@ def short_help(text: str) -> str:
 
 HELP_NAMES = ["-h", "--help"]
 
+# An example for each built-in command, shown under its help (the hosts and deployments are
+# those of examples/hosts.story.yaml and the lab's hosts.yaml).
+EXAMPLES: dict[str, str] = {
+    "": "ddtree-deploy --hosts hosts.yaml plan",
+    "plan": "ddtree-deploy plan ct200 --out plan.json",
+    "apply": "ddtree-deploy apply --plan plan.json --yes -v",
+    "inventory": "ddtree-deploy inventory ct129 ct200 | grep -v '^#'",
+    "doctor": "ddtree-deploy doctor ct200 --deployment sglang-ddtree",
+    "probe": "ddtree-deploy probe ct200 sglang-ddtree --deadline 600",
+    "service": "ddtree-deploy service status ct200",
+    "service render": "ddtree-deploy service render ct200 sglang-ddtree",
+    "service up": "ddtree-deploy service up ct200 sglang-ddtree --ddtree-budget 31",
+    "service down": "ddtree-deploy service down ct200 sglang-ddtree",
+    "service status": "ddtree-deploy service status ct200 sglang-ddtree --json",
+    "service logs": "ddtree-deploy service logs ct200 sglang-ddtree -n 50",
+    "service list": "ddtree-deploy service list ct200",
+    "payload": "ddtree-deploy payload status ct200",
+    "payload deploy": "ddtree-deploy payload deploy ct200 --venv /root/venv_sglang211",
+    "payload verify": "ddtree-deploy payload verify ct200 --venv /root/venv_sglang211",
+    "payload rollback": "ddtree-deploy payload rollback ct200 --venv /root/venv_sglang211",
+    "payload status": "ddtree-deploy payload status ct200 --json",
+    "venv": "ddtree-deploy venv clone ct200 /root/venv /root/venv_sglang211",
+    "venv clone": "ddtree-deploy venv clone ct200 /root/venv /root/venv_sglang211",
+    "overlay": "ddtree-deploy overlay --abi cu130 --to ct200:/root/venv_sglang211 --dry-run",
+    "overlay rollback": "ddtree-deploy overlay rollback ct200 --venv /root/venv_sglang211",
+    "overlay history": "ddtree-deploy overlay history ct200 --json",
+    "hosts": "ddtree-deploy hosts check",
+    "hosts list": "ddtree-deploy hosts list --wide",
+    "hosts check": "ddtree-deploy hosts check ct129 ct200",
+    "hosts trust": "ddtree-deploy hosts trust ct200",
+    "hosts disconnect": "ddtree-deploy hosts disconnect ct200",
+    "bench": "ddtree-deploy bench ct200 sglang-ddtree --configs dflash,ddtree:15/8",
+    "bench run": "ddtree-deploy bench run ct200 --grid benchmarks/grids/h200-small.yaml --dry-run",
+    "bench report": "ddtree-deploy bench report ct200 sglang-ddtree",
+    "bench recommend": "ddtree-deploy bench recommend ct200 sglang-ddtree --write sglang-ddtree",
+}
 
-def prepare(command: Any) -> None:
-    """Labels and command lines for `command` and everything below it."""
+
+def prepare(command: Any, path: str = "") -> None:
+    """Labels, examples and command lines for `command` and everything below it."""
     label_params(command)
+    if path in EXAMPLES and not command.epilog:
+        command.epilog = f"Example: {EXAMPLES[path]}"
     get_help = getattr(command, "get_help_option", None)
     if get_help is not None:  # made once per command and kept: a flag, no label either
         help_option = get_help(SimpleNamespace(help_option_names=HELP_NAMES))
@@ -79,4 +118,4 @@ def prepare(command: Any) -> None:
     for sub in getattr(command, "commands", {}).values():
         if sub.short_help is None and sub.help:
             sub.short_help = short_help(sub.help)
-        prepare(sub)
+        prepare(sub, f"{path} {sub.name}".strip())
