@@ -38,6 +38,14 @@ def test_every_schema_field_is_in_the_hosts_yaml_reference() -> None:
                 assert f"| `{name}` |" in text, (model.__name__, name)
 
 
+def test_every_crash_signature_is_in_troubleshooting() -> None:
+    from ddtree_deploy.health.signatures import SIGNATURES
+
+    text = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    for sig in SIGNATURES:
+        assert f"## `{sig.id}`" in text and f"`{sig.pattern}`" in text, sig.id
+
+
 def test_every_command_is_in_the_command_reference() -> None:
     from ddtree_deploy.cli import app as cli_app
 
