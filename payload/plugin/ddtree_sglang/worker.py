@@ -291,7 +291,8 @@ class DDTreeWorker(DFlashWorkerV2):
         lm_head = target_model.lm_head
         bonus = draft_input.bonus_tokens.view(-1).to(torch.int64)
         hidden = self._draft(batch, bonus, prefix, host_lens, target_model.get_input_embeddings())
-        plan, mask_index = self._plan_graphs(bs, hidden[:, 1:, :], bonus, prefix, lm_head)
+        starts = prefix.to(torch.int64)  # positions prefix + depth are int64 (core.VerifyInputs)
+        plan, mask_index = self._plan_graphs(bs, hidden[:, 1:, :], bonus, starts, lm_head)
         out, locs, graphed = self._verify(batch, plan, mask_index, prefix, host_lens)
         n = plan.width
         logits_output = out.logits_output
