@@ -338,7 +338,7 @@ def main(argv: list[str]) -> int:
         import runpy
 
         runpy.run_path(str(ROOT / "scripts" / "gen_docs.py"), run_name="gen_docs")["main"]([])
-        print("wrote docs/commands.md and docs/hosts-yaml.md (scripts/gen_docs.py)")
+        print("wrote the reference pages under docs/ (scripts/gen_docs.py)")
         return 0
     print(__doc__)
     return 2

@@ -65,9 +65,11 @@ def test_a_log_that_cannot_be_written_does_not_stop_the_run(state: Path) -> None
 def test_observers_hear_each_command_with_secrets_masked(state: Path) -> None:
     heard: list[tuple[str, int | None, float]] = []
     t = LocalTransport()
-    t.observers = (lambda c, code, s: heard.append((c, code, s)),)
-    t.run(Command.of("sh", "-c", "exit 3", "hunter2", secrets=frozenset({"hunter2"})))
-    ((command, code, seconds),) = heard
+    t.observers = (lambda c, code, s, out, err: heard.append((c, code, s, out, err)),)
+    t.run(Command.of("sh", "-c", 'echo "token $0"; echo "err $0" >&2; exit 3', "hunter2",
+                     secrets=frozenset({"hunter2"})))
+    ((command, code, seconds, out, err),) = heard
     assert code == 3 and seconds >= 0
     assert "hunter2" not in command and "***" in command
+    assert out == "token ***\n" and err == "err ***\n"  # -vv shows output, never a secret
     assert LocalTransport().observers == ()  # one transport's observers are its own

@@ -130,6 +130,9 @@ def _check_specs(saved: object, config: Config, host: str) -> None:
                            hint="make a new plan (ddtree-deploy plan --out) and review it")
 
 
+VV_LINES = 40  # -vv: the last lines of each command's stdout and stderr
+
+
 def apply(
     ctx: typer.Context,
     hosts: list[str] = typer.Argument(None, help="hosts (default: those of the plan or all)"),
@@ -141,7 +144,8 @@ def apply(
                                    help="seconds each service's health probe may take"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                 help="-v: each command sent to a host, its exit and seconds, "
-                                     "on stderr (secrets as ***)"),
+                                     "on stderr (secrets as ***); -vv: and the last lines "
+                                     "of what it printed"),
 ) -> None:
     """Converge each host on its deployments: idempotent, resumable, one host's failure
     does not stop the others. Each host's run is logged under the state folder
@@ -211,9 +215,14 @@ def apply(
                    else None, "yes": yes}, str(config.path), version_line())
         say(f"{host}: run log {log.path}")
 
-        def shown_command(command: str, code: int | None, seconds: float) -> None:
+        def shown_command(command: str, code: int | None, seconds: float, stdout: str,
+                          stderr: str) -> None:
             exit_ = "killed at its deadline" if code is None else f"exit {code}"
             say(f"{host}: $ {command} ({exit_}, {seconds:.1f}s)")
+            if verbose >= 2:  # -vv: what it printed, its last lines
+                for name, text in (("out", stdout), ("err", stderr)):
+                    for line in text.splitlines()[-VV_LINES:]:
+                        say(f"{host}:   {name}| {line}")
 
         return apply_host(config, host, expected_fingerprint=expected, log=log,
                           observers=(shown_command,) if verbose else (),

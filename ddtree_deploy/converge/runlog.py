@@ -84,7 +84,10 @@ class RunLog:
         self.event("start", who=_who(), host=self.host, what=what, hosts_file=hosts_file,
                    tool=tool)
 
-    def command(self, command: str, exit_code: int | None, seconds: float) -> None:
+    def command(self, command: str, exit_code: int | None, seconds: float, stdout: str = "",
+                stderr: str = "") -> None:
+        """One command: its output is not kept (it may hold what the tool cannot know to be
+        secret)."""
         self.event("command", command=command, exit=exit_code, seconds=round(seconds, 3))
 
     def step(self, kind: str, title: str, deployment: str | None, seconds: float,

@@ -197,6 +197,7 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
                 raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
                                   f"{exc.message}", hint=exc.hint) from exc
             run.record(step, time.monotonic() - started, ok=True)
+            report(f"{name}: {step.kind} done in {time.monotonic() - started:.1f}s")
             run.done.append(step)
             ran.add(key)
         now = facts.fresh()

@@ -150,8 +150,9 @@ class _CountingReader(io.RawIOBase):
 
 
 # Told of every command a transport ran: (its display form, exit code or None when it was
-# killed at its deadline, seconds); apply's run log and -v listen here.
-Observer = Callable[[str, "int | None", float], None]
+# killed at its deadline, seconds, its stdout and stderr with secrets masked); apply's run log
+# and -v / -vv listen here.
+Observer = Callable[[str, "int | None", float, str, str], None]
 
 
 class ExecTransport(ABC):
@@ -237,8 +238,10 @@ class ExecTransport(ABC):
             and raw.exit_code in (124, 137, 255, None, -1)
             and duration >= timeout * 0.9
         )
-        for observe in self.observers:
-            observe(shown, None if timed_out else raw.exit_code, duration)
+        if self.observers:
+            said = (mask_secrets(decode(raw.stdout), secrets), mask_secrets(stderr, secrets))
+            for observe in self.observers:
+                observe(shown, None if timed_out else raw.exit_code, duration, *said)
         if timed_out:
             raise CommandTimeout(
                 f"{self.host}: command did not finish within {timeout:g}s and was killed: {shown}"
