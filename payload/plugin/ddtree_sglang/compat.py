@@ -73,6 +73,16 @@ def resolved(server_args: Any) -> Any:
     return resolved_view(server_args)
 
 
+def graph_max_bs(server_args: Any) -> int | None:
+    """The largest decode batch SGLang captures as a CUDA graph, where the settings name one
+    (``--cuda-graph-max-bs`` became ``cuda_graph_max_bs_decode`` in 0.5.17's settings)."""
+    for name in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+        value = getattr(server_args, name, None)
+        if value:
+            return int(value)
+    return None
+
+
 def draft_args(server_args: Any, block: int) -> Any:
     """A copy of ``server_args`` whose draft width is the drafter's block (the verify width is
     the tree's): the DFlash worker and its draft runner size their buffers and graphs from it."""

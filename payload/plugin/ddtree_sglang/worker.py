@@ -111,11 +111,11 @@ class DDTreeWorker(DFlashWorkerV2):
         return None
 
     def _round_graphs(self, server_args: Any) -> tuple[GraphCache, GraphCache]:
-        limits = [int(getattr(server_args, "cuda_graph_max_bs", 0) or 0),
-                  int(os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS_MAX_BS", "") or 32)]
-        running = getattr(server_args, "max_running_requests", None)
-        if running:
-            limits.append(int(running))
+        limits = [int(os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS_MAX_BS", "") or 32)]
+        for value in (compat.graph_max_bs(server_args),
+                      getattr(server_args, "max_running_requests", None)):
+            if value:
+                limits.append(int(value))
         max_bs = max(0, min(limits))
         enabled = (not bool(getattr(server_args, "disable_cuda_graph", False))
                    and int(get_tp_group().world_size) == 1 and max_bs > 0
