@@ -53,3 +53,23 @@ def test_every_command_is_in_the_command_reference() -> None:
     for name in cli_app.BUILT_INS:
         assert f"## `ddtree-deploy {name}`" in text, name
     assert "2 > 1 > 3 > 4 > 0" in text
+
+
+def test_the_readme_is_a_quick_start_with_the_set_up_commands_first() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text) <= 15_000, len(text)
+    blocks = [b.split("```", 1)[0].strip() for b in text.split("```sh\n")[1:]]
+    assert blocks[:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    for page in ("docs/usage.md", "docs/commands.md", "docs/hosts-yaml.md",
+                 "docs/troubleshooting.md", "CHANGELOG.md"):
+        assert f"({page})" in text and (ROOT / page).exists(), page
+
+
+def test_relative_links_of_the_docs_resolve() -> None:
+    import re
+
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            assert (page.parent / target).exists(), f"{page.name}: {target}"
