@@ -184,6 +184,9 @@ FORWARD_BATCH_FIELDS = {"forward_mode", "batch_size", "input_ids", "req_pool_ind
                         "capture_hidden_mode"}
 RESULT_FIELDS = {"logits_output", "next_token_ids", "accept_lens", "can_run_cuda_graph",
                  "next_draft_input", "speculative_num_draft_tokens", "new_seq_lens"}
+BATCH_FIELDS = {"req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc",
+                "spec_info", "sampling_info", "reqs", "forward_mode", "is_extend_in_batch",
+                "has_grammar"}
 VERIFY_INPUT_FIELDS = {"draft_token", "positions", "draft_token_num", "custom_mask",
                        "capture_hidden_mode"}
 
@@ -243,6 +246,8 @@ def test_the_worker_contract_holds_on_the_release(sites: dict[str, Path], versio
     assert not FORWARD_BATCH_FIELDS - _fields(_class(forward, "ForwardBatch"))
     result = _class(_tree(site, "managers/utils.py"), "GenerationBatchResult")
     assert not RESULT_FIELDS - _fields(result)
+    batch = _class(_tree(site, "managers/schedule_batch.py"), "ScheduleBatch")
+    assert not BATCH_FIELDS - _fields(batch) - set(_methods(batch))
     info = _class(_tree(site, "speculative/dflash_info.py"), "DFlashVerifyInput")
     assert not VERIFY_INPUT_FIELDS - _fields(info)
     assert _params(_methods(info)["prepare_for_verify"])[:2] == ["batch", "target_worker"]
