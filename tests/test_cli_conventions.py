@@ -294,3 +294,21 @@ def test_every_command_has_an_example_that_parses() -> None:
             target = target.commands["run"]  # `bench HOST ...` is `bench run HOST ...`
         ctx = target.make_context(leaf or "ddtree-deploy", list(rest))  # raises when wrong
         assert ctx is not None
+
+
+@pytest.mark.parametrize(("given", "parsed"), [
+    (["plan", "ct200", "--hosts", "f.yaml"], ["--hosts", "f.yaml", "plan", "ct200"]),
+    (["service", "up", "h", "--hosts=f.yaml", "--lab"],
+     ["--hosts=f.yaml", "--lab", "service", "up", "h"]),
+    (["--hosts", "plan", "plan"], ["--hosts", "plan", "plan"]),  # a file named plan
+    (["bench", "h", "--", "--hosts", "x"], ["bench", "h", "--", "--hosts", "x"]),
+    (["lab", "up", "--hosts", "x"], ["lab", "up", "--hosts", "x"]),  # a plugin parses its own
+])
+def test_root_options_work_after_the_command(given: list[str], parsed: list[str]) -> None:
+    assert cli.root_options_first(given) == parsed
+
+
+def test_hosts_after_the_command_is_the_hosts_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "hosts", "list", "--hosts",
+                        str(ROOT / "examples" / "hosts.story.yaml"))
+    assert code == 0 and "hosts.story.yaml" in out

@@ -62,6 +62,32 @@ def invoked(args: list[str]) -> str | None:
     return None
 
 
+def root_options_first(args: list[str]) -> list[str]:
+    """`--hosts FILE` and `--lab` given after a built-in command (`plan ct200 --hosts f.yaml`)
+    moved before it, where the root parses them; no built-in command has options of these
+    names. Past `--`, and for plugins' groups (their own parsing), nothing moves."""
+    end = args.index("--") if "--" in args else len(args)
+    first = next((i for i, a in enumerate(args[:end]) if not a.startswith("-")
+                  and (i == 0 or args[i - 1] != "--hosts")), None)
+    if first is None or args[first] not in BUILT_INS:
+        return args
+    moved: list[str] = []
+    rest: list[str] = []
+    i = first + 1
+    while i < end:
+        arg = args[i]
+        if arg == "--hosts" and i + 1 < end:
+            moved += args[i:i + 2]
+            i += 2
+            continue
+        if arg.startswith("--hosts=") or arg == "--lab":
+            moved.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return [*args[:first], *moved, args[first], *rest, *args[end:]]
+
+
 def build_app(args: "list[str] | None" = None) -> "typer.Typer":
     """The Typer app (imported here: main() guards the imports). When `args` run a built-in
     command, only that command's module is imported and added: the others' imports, the
@@ -232,7 +258,7 @@ def main(argv: "list[str] | None" = None) -> None:
         sys.stderr.write("error: cannot write the output: standard output is closed (>&-); "
                          "nothing was done (redirect it to /dev/null to discard it)\n")
         sys.exit(1)
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = root_options_first(list(sys.argv[1:] if argv is None else argv))
     # Ctrl-C during the imports: a line and 130, not a traceback; a SIGINT the caller ignored
     # (a background job of a shell without job control) stays ignored, as later in the run
     guard = (threading.current_thread() is threading.main_thread()
