@@ -171,3 +171,16 @@ def test_a_package_step_says_old_and_new() -> None:
     steps = plan_host(config, config.host("ct200"), f, state)
     (step,) = [s for s in steps if s.pending]
     assert "soundfile: 0.12.1 -> ==0.13.1" in step.changes
+
+
+def test_plan_json_times_are_iso_8601_and_old_epochs_still_read() -> None:
+    import datetime
+
+    plan = Plan(["ct200"], [], {"ct200": "f"}, made_at=1764774245.5,
+                facts_at={"ct200": 1764774200.0})
+    doc = plan.as_json()
+    assert doc["made_at"] == "2025-12-03T15:04:05.500+00:00"
+    assert datetime.datetime.fromisoformat(doc["facts_at"]["ct200"]).timestamp() == 1764774200.0
+    assert Plan.from_json(doc).made_at == 1764774245.5
+    older = {**doc, "made_at": 1764774245.5, "facts_at": {"ct200": 1764774200.0}}
+    assert Plan.from_json(older).facts_at == {"ct200": 1764774200.0}

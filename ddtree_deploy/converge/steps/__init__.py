@@ -237,19 +237,38 @@ class Plan:
         return int(ExitCode.CHANGES_PENDING) if self.changes else int(ExitCode.OK)
 
     def as_json(self) -> dict[str, Any]:
-        return {"hosts": self.hosts, "fingerprints": self.fingerprints, "made_at": self.made_at,
+        return {"hosts": self.hosts, "fingerprints": self.fingerprints,
+                "made_at": iso_time(self.made_at),
                 "tool_version": self.tool_version, "specs": self.specs,
-                "facts_at": self.facts_at, "errors": self.errors,
+                "facts_at": {h: iso_time(t) for h, t in self.facts_at.items()},
+                "errors": self.errors,
                 "changes": len(self.changes), "steps": [s.as_json() for s in self.steps]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
         return cls(hosts=list(data["hosts"]), fingerprints=dict(data["fingerprints"]),
-                   made_at=float(data.get("made_at", 0.0)),
+                   made_at=epoch(data.get("made_at", 0.0)),
                    steps=[Step.from_json(s) for s in data["steps"]],
                    errors=dict(data.get("errors") or {}), specs=dict(data.get("specs") or {}),
                    tool_version=str(data.get("tool_version") or ""),
-                   facts_at=dict(data.get("facts_at") or {}))
+                   facts_at={h: epoch(t) for h, t in dict(data.get("facts_at") or {}).items()})
+
+
+def iso_time(epoch_s: float) -> str:
+    """A time as JSON says it: ISO-8601 in UTC (`2026-12-03T15:04:05.123+00:00`)."""
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC).isoformat(
+        timespec="milliseconds")
+
+
+def epoch(value: Any) -> float:
+    """A time read back: ISO-8601 (this version's) or seconds since the epoch (older plans)."""
+    if isinstance(value, str):
+        import datetime
+
+        return datetime.datetime.fromisoformat(value).timestamp()
+    return float(value)
 
 
 HOST_KEY = "(host)"  # spec_digests' entry for the host's own venvs, models and GPUs
