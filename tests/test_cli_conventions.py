@@ -312,3 +312,19 @@ def test_hosts_after_the_command_is_the_hosts_file(capsys: pytest.CaptureFixture
     code, out, _ = _run(capsys, "hosts", "list", "--hosts",
                         str(ROOT / "examples" / "hosts.story.yaml"))
     assert code == 0 and "hosts.story.yaml" in out
+
+
+def test_debug_adds_the_traceback_and_not_otherwise(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path) -> None:
+    missing = str(tmp_path / "none.yaml")
+    code, _, err = _run(capsys, "--hosts", missing, "plan")
+    assert code == 2 and "Traceback" not in err and "does not exist" in err
+    code, _, err = _run(capsys, "plan", "--hosts", missing, "--debug")
+    assert code == 2 and "Traceback (most recent call last)" in err
+    assert "ConfigError" in err and err.rstrip().endswith("does not exist (from --hosts "
+                                                          f"{missing})")
+
+
+def test_shell_completion_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "-h")
+    assert code == 0 and "--install-completion" in out and "--show-completion" in out

@@ -63,9 +63,10 @@ def invoked(args: list[str]) -> str | None:
 
 
 def root_options_first(args: list[str]) -> list[str]:
-    """`--hosts FILE` and `--lab` given after a built-in command (`plan ct200 --hosts f.yaml`)
-    moved before it, where the root parses them; no built-in command has options of these
-    names. Past `--`, and for plugins' groups (their own parsing), nothing moves."""
+    """`--hosts FILE`, `--lab` and `--debug` given after a built-in command (`plan ct200
+    --hosts f.yaml`) moved before it, where the root parses them; no built-in command has
+    options of these names. Past `--`, and for plugins' groups (their own parsing), nothing
+    moves."""
     end = args.index("--") if "--" in args else len(args)
     first = next((i for i, a in enumerate(args[:end]) if not a.startswith("-")
                   and (i == 0 or args[i - 1] != "--hosts")), None)
@@ -80,7 +81,7 @@ def root_options_first(args: list[str]) -> list[str]:
             moved += args[i:i + 2]
             i += 2
             continue
-        if arg.startswith("--hosts=") or arg == "--lab":
+        if arg.startswith("--hosts=") or arg in ("--lab", "--debug"):
             moved.append(arg)
         else:
             rest.append(arg)
@@ -127,7 +128,7 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
         help="Get a DDTree speculative-decoding build of SGLang running on GPU hosts over SSH.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
         # -h as well as --help, on every command (click's subcontexts inherit the names)
         context_settings={"help_option_names": helptext.HELP_NAMES},
     )
@@ -163,8 +164,10 @@ def build_app(args: "list[str] | None" = None) -> "typer.Typer":
                                       "it when it is only the default)"),
         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                      help="the tool's version and the commit it runs from"),
+        debug: bool = typer.Option(False, "--debug",
+                                   help="on an error, also the traceback (for a bug report)"),
     ) -> None:
-        ctx.obj = {"hosts": hosts, "lab": lab}
+        ctx.obj = {"hosts": hosts, "lab": lab, "debug": debug}
 
     return app
 
@@ -188,6 +191,10 @@ def _usage_as_json(args: "list[str] | None") -> Iterator[None]:
 def _interrupted_at_start(signum: int, frame: Any) -> None:
     sys.stderr.write("interrupted\n")
     raise SystemExit(130)
+
+
+def _wants_debug(args: list[str]) -> bool:
+    return "--debug" in (args[: args.index("--")] if "--" in args else args)
 
 
 def _wants_json(args: list[str]) -> bool:
@@ -279,6 +286,10 @@ def main(argv: "list[str] | None" = None) -> None:
     except DeployError as exc:
         code = int(exc.exit_code)
         try:
+            if _wants_debug(args):
+                import traceback
+
+                sys.stderr.write("".join(traceback.format_exception(exc)))
             _report(exc, code, _wants_json(args))
         except OSError as lost:
             _output_lost(lost)
