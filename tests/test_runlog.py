@@ -73,3 +73,26 @@ def test_observers_hear_each_command_with_secrets_masked(state: Path) -> None:
     assert "hunter2" not in command and "***" in command
     assert out == "token ***\n" and err == "err ***\n"  # -vv shows output, never a secret
     assert LocalTransport().observers == ()  # one transport's observers are its own
+
+
+def test_apply_gives_the_lane_copy_its_progress_bars(monkeypatch: pytest.MonkeyPatch,
+                                                     state: Path) -> None:
+    """apply's lane.overlay step moves bytes with the overlay's bars (issue 31: minutes of
+    silence before), the sink apply made on a terminal."""
+    from ddtree_deploy.config.hosts import load_config
+    from ddtree_deploy.converge.steps import Acting, Step, lane_overlay
+    from ddtree_deploy.overlay import run
+    from ddtree_deploy.overlay.progress import CountingProgress
+    from ddtree_deploy.resources import embedded_hosts_file
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(state / "cache"))  # BlobCache's folder
+    seen: list[object] = []
+    monkeypatch.setattr(run, "run_overlay",
+                        lambda *a, **kw: seen.append(kw.get("progress")))
+    config = load_config(embedded_hosts_file())
+    bars = CountingProgress()
+    ctx = Acting(config, config.host("ct200"), None, None, progress=bars)  # type: ignore[arg-type]
+    step = Step("lane.overlay", "ct200", "sglang-ddtree", "cu130", "",
+                params=lane_overlay.LaneOverlay("/root/venv_sglang211", "cu130"))
+    lane_overlay.act(ctx, step)
+    assert seen == [bars]

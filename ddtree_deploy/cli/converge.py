@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -10,7 +11,14 @@ from pathlib import Path
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, hosts_or_all, print_json
+from ddtree_deploy.cli.common import (
+    config_of,
+    console,
+    hosts_or_all,
+    is_tty,
+    print_json,
+    rich_console,
+)
 from ddtree_deploy.cli.files import output_path, read_input, write_output
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.hosts import EMBEDDED, Config
@@ -225,13 +233,19 @@ def apply(
                         say(f"{host}:   {name}| {line}")
 
         return apply_host(config, host, expected_fingerprint=expected, log=log,
+                          progress=bars,
                           observers=(shown_command,) if verbose else (),
                           report=lambda m: err.print(plain(m), markup=False, highlight=False),
                           probe_deadline=deadline,
                           on_plan=(lambda steps: show(host, steps)) if yes and saved is None
                           else None)
 
-    outcomes = fan_out(names, one, concurrency=concurrency)
+    # the lane copy's byte bars (overlay's), on a terminal only: a log file gets the steps
+    from ddtree_deploy.overlay.progress import RichProgress
+
+    bars = RichProgress(lambda: rich_console(err)) if is_tty(err) else None
+    with bars if bars is not None else contextlib.nullcontext():
+        outcomes = fan_out(names, one, concurrency=concurrency)
     for o in outcomes:
         if o.ok:
             run = o.value

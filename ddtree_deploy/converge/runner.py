@@ -38,6 +38,7 @@ from ddtree_deploy.transport.connect import open_transport
 if TYPE_CHECKING:
     from ddtree_deploy.converge.lock import HostLock
     from ddtree_deploy.converge.runlog import RunLog
+    from ddtree_deploy.overlay.progress import ProgressSink
     from ddtree_deploy.transport.base import Observer
 
 Report = Callable[[str], None]
@@ -136,7 +137,8 @@ MAX_ROUNDS = 6
 def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = None,
                report: Report = lambda _m: None, probe_deadline: float = 120.0,
                on_plan: Callable[[list[Step]], None] | None = None,
-               log: RunLog | None = None, observers: tuple[Observer, ...] = ()) -> HostRun:
+               log: RunLog | None = None, observers: tuple[Observer, ...] = (),
+               progress: ProgressSink | None = None) -> HostRun:
     """Under the host's lock (held on a connection of its own), over one more connection:
     rounds of plan on fresh facts, run every pending step in order (the planner already
     planned later steps on what earlier ones produce), until a round's plan is empty; a step
@@ -154,7 +156,7 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
                 open_transport(config, host) as t:
             t.observers = (*observers, *((log.command,) if log is not None else ()))
             _converge(config, host, t, lock, run, expected_fingerprint, report,
-                      probe_deadline, on_plan)
+                      probe_deadline, on_plan, progress)
     except BaseException as exc:
         if log is not None:
             log.end(str(exc) or type(exc).__name__)
@@ -167,10 +169,11 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
 
 def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, run: HostRun,
               expected_fingerprint: str | None, report: Report, probe_deadline: float,
-              on_plan: Callable[[list[Step]], None] | None) -> HostRun:
+              on_plan: Callable[[list[Step]], None] | None,
+              progress: ProgressSink | None = None) -> HostRun:
     name = host.name
     facts = LiveFacts(config, host, t)
-    ctx = Acting(config, host, t, facts, probe_deadline)
+    ctx = Acting(config, host, t, facts, probe_deadline, progress)
     steps, print_ = _plan_on(config, host, facts.fresh(), t)
     if expected_fingerprint is not None and print_ != expected_fingerprint:
         raise RefusedError(f"{name}: the facts changed since the plan was made; "

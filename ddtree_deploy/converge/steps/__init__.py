@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
     from ddtree_deploy.converge.hoststate import HostState
     from ddtree_deploy.facts.model import Venv
+    from ddtree_deploy.overlay.progress import ProgressSink
     from ddtree_deploy.transport.base import ExecTransport
 
 #: every step kind, in the order the planner asks them for a deployment (the upgrade of a
@@ -162,6 +163,7 @@ class Acting:
     t: ExecTransport
     facts: LiveFacts
     probe_deadline: float = 120.0
+    progress: ProgressSink | None = None  # the lane copy's bars (apply on a terminal)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ def act(ctx: Acting, step: Step) -> None:
     from ddtree_deploy.overlay.run import run_overlay
 
     p = params(step, LaneOverlay)
-    run_overlay(ctx.config, load_lane(p.lane), ctx.host.name, p.venv, cache=BlobCache())
+    run_overlay(ctx.config, load_lane(p.lane), ctx.host.name, p.venv, cache=BlobCache(),
+                progress=ctx.progress)
 
 
 STEP = StepKind(KIND, LaneOverlay, act, plan=plan, marks_restart=True)
