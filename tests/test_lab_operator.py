@@ -100,6 +100,7 @@ KEYED = """
     gpu: 0
     port: 30077
     algorithm: dflash
+    draft_model_path: /dev/shm/Qwen3.6-27B-DFlash-b16
     bind: 127.0.0.1
     api_key_file: {key}
     hf_token_file: {token}
