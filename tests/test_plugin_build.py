@@ -113,3 +113,17 @@ def test_path_first_order() -> None:
     assert got[3] == [0, 5, 2, 6, 1, 3, 4, 7]  # path order, not slot order
     for row in got:
         assert sorted(row) == list(range(8))  # a permutation: no slot lost or doubled
+
+
+def test_a_build_does_not_share_its_temporary_with_another(tmp_path: Path) -> None:
+    # Two processes building into the tool's one cache folder at once (seen in CI: the second
+    # renamed the first's `.whl.part` away): each build writes under a name of its own. Another
+    # build's in-flight temporary at the old shared name is left alone, and none is left behind.
+    out = tmp_path / "cache"
+    out.mkdir()
+    other = out / f"ddtree_sglang_plugin-{__version__}-py3-none-any.whl.part"
+    other.mkdir()  # held by "another build": a name this build must not write to
+    wheel = build.build_wheel(out)
+    assert zipfile.ZipFile(wheel).testzip() is None
+    assert wheel.stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in out.iterdir()) == sorted([wheel.name, other.name])

@@ -20,8 +20,10 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import re
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -91,14 +93,22 @@ def build_wheel(out_dir: Path) -> Path:
     files[record] = ("\n".join(lines) + "\n").encode()
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{DIST}-{ver}-py3-none-any.whl"
-    temp = target.with_suffix(".whl.part")
-    with zipfile.ZipFile(temp, "w") as archive:
-        for name in sorted(files, key=lambda n: (n.endswith("/RECORD"), n)):
-            entry = zipfile.ZipInfo(name, date_time=EPOCH)
-            entry.external_attr = 0o644 << 16
-            entry.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(entry, files[name], compresslevel=9)
-    temp.replace(target)
+    # A temporary name of this build's own: two processes building into the same cache folder
+    # at once must not write (or rename away) each other's half-written file.
+    fd, part = tempfile.mkstemp(dir=out_dir, prefix=f".{target.name}.", suffix=".part")
+    temp = Path(part)
+    try:
+        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w") as archive:
+            for name in sorted(files, key=lambda n: (n.endswith("/RECORD"), n)):
+                entry = zipfile.ZipInfo(name, date_time=EPOCH)
+                entry.external_attr = 0o644 << 16
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(entry, files[name], compresslevel=9)
+        temp.chmod(0o644)
+        temp.replace(target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
     return target
 
 
