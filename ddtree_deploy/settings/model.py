@@ -125,6 +125,19 @@ def named_attention_backends(attention_backend: str | None,
 
 Problem = tuple[tuple[str | int, ...], str, Any]  # (field path, message, the value)
 
+# SGLang flags (with their argparse aliases) the tool sets itself from a field or from the
+# host's facts: in extra_args, argparse's last-wins would quietly replace what the rules
+# checked (the bind the API-key rule saw, the port the health probe polls, the GPUs chosen for
+# tp_size, the models whose configs were checked, the algorithm, the API key's --config file).
+TOOL_FLAGS: dict[str, str] = {
+    "--host": "bind", "--port": "port", "--model-path": "model_path", "--model": "model_path",
+    "--tp-size": "tp_size", "--tensor-parallel-size": "tp_size",
+    "--speculative-algorithm": "algorithm",
+    "--speculative-draft-model-path": "draft_model_path",
+    "--speculative-draft-model": "draft_model_path",
+    "--config": "api_key_file",
+}
+
 
 def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
     """The value `args` give `flag` (`--flag V` or `--flag=V`), the last one; None if absent."""
@@ -254,6 +267,12 @@ class ServerSettings(StrictModel):
             if pipeline is not None and pipeline != "1":
                 errors.append((("extra_args",), f"{label} supports only --pp-size 1 (SGLang "
                                f"refuses another at start), got --pp-size {pipeline}", pipeline))
+        for arg in self.extra_args:
+            option = arg.split("=", 1)[0]
+            if option in TOOL_FLAGS:
+                errors.append((("extra_args",), f"{option} is set by ddtree-deploy itself "
+                               f"(from {TOOL_FLAGS[option]}); give {TOOL_FLAGS[option]} instead "
+                               "of the flag", option))
         page = flag_value(self.extra_args, "--page-size")
         if self.algorithm == "ddtree" and page is not None and page != "1":
             errors.append((("extra_args",), "DDTREE needs --page-size 1 (accepted tree nodes "
