@@ -235,3 +235,21 @@ def test_capture_keeps_the_head_and_the_tail() -> None:
     small = Capture(head=8, tail=4)
     small.append(b"abc")
     assert small.value() == b"abc"
+
+
+@pytest.mark.parametrize("op", ["install", "plugin_stage"])
+def test_a_write_without_the_lock_writes_nothing(world: tuple[Path, Path, Path], op: str) -> None:
+    # The lock is checked before anything is written: a write op without it (or with a stale
+    # token) is refused and leaves the venv as it was, not even its state folder created.
+    from ddtree_deploy.payload.state import PayloadRefused, call
+    from ddtree_deploy.transport.local import LocalTransport
+
+    _root, venv, _payload = world
+    before = tree(venv)
+    req = {"package": "sglang", "state": {"package_dir": str(package(venv))}, "originals": {},
+           "restore": [], "files": {}, "name": "x-1-py3-none-any.whl"}
+    for lock in (None, "1"):
+        with pytest.raises(PayloadRefused, match="lock"):
+            call(LocalTransport(), str(venv), op, lock=lock, **req)
+    assert tree(venv) == before
+    assert not (venv / ".ddtree-deploy").exists()

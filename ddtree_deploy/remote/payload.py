@@ -155,8 +155,8 @@ def _new_backup(v, req):
 def op_install(req):
     v = Venv(req["package"], req["venv"])
     pkg = v.need_pkg()
+    v.check_lock(req.get("lock"))  # before anything is written, the state folder included
     v.ensure_state_dir()
-    v.check_lock(req.get("lock"))
     state = req["state"]
     v.recorded_package(state["package_dir"])
     bdir, originals, fresh = _new_backup(v, req)
