@@ -9,6 +9,7 @@ venv that holds only our distribution (its .pth must sit in site-packages).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -343,23 +344,23 @@ def test_0517_with_the_plugin_serves_ddtree_with_its_environment(lab: dict[str, 
     models[3] = "DDTREE"
     argv = [str(lab["venv"] / "bin/python"), "-m", "sglang.launch_server", *models,
             *PLUGIN_FLAGS, "--port", str(port), "--mem-fraction-static", "0.8"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    log = tmp_path / "server.log"  # a file, not a pipe: a pipe nobody reads fills and stalls it
+    with log.open("w") as sink:
+        proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline, status = time.monotonic() + 60, 0
-        while time.monotonic() < deadline and status != 200:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
+        status = 0
+        while status != 200:  # until healthy or dead (pytest-timeout bounds a hang)
+            assert proc.poll() is None, log.read_text()
+            with contextlib.suppress(OSError):  # not listening yet
                 status = _get(f"http://127.0.0.1:{port}/health")[0]
-            except OSError:
-                time.sleep(0.1)
-        assert status == 200
+            time.sleep(0.1)
         status, body = _get(f"http://127.0.0.1:{port}/v1/completions",
                             {"prompt": "Hello", "max_tokens": 12})
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 12
     finally:
         os.kill(proc.pid, signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0]
+        proc.wait(timeout=30)
+    out = log.read_text()
     assert "registered speculative algorithm DDTREE" in out
     assert "DDTREE ready: budget=15 topk=8" in out
 
