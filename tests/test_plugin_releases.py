@@ -273,3 +273,51 @@ def test_check_answers_for_the_release(sites: dict[str, Path], version: str) -> 
     assert got["ctor_matches"] and got["serves"] == "plugin" and got["loaded"] == "file"
     assert got["worker_ctor"] == ("ps" if "ps" in releases.SUPPORTED[version]["ctor"] else
                                   "no_ps")
+
+
+LOAD = FAKES + r'''
+import io, json, logging
+site, with_hooks = sys.argv[1], sys.argv[2] == "1"
+sys.path.insert(0, site)
+log = io.StringIO()
+logging.basicConfig(stream=log, level=logging.INFO)
+load("sglang.srt.speculative.spec_registry", f"{site}/sglang/srt/speculative/spec_registry.py")
+info = load("sglang.srt.speculative.spec_info",
+            f"{site}/sglang/srt/speculative/spec_info.py")
+if with_hooks:  # the real hook registry (stdlib only), loaded by file
+    package("sglang.srt.plugins")
+    hooks = load("sglang.srt.plugins.hook_registry",
+                 f"{site}/sglang/srt/plugins/hook_registry.py")
+from ddtree_sglang import plugin
+plugin.load()
+algo = info.SpeculativeAlgorithm.from_string("DDTREE")
+out = {"class": type(algo).__name__, "log": log.getvalue()}
+try:
+    algo.validate_server_args(types.SimpleNamespace())
+    out["validate"] = "ok"
+except ValueError as exc:
+    out["validate"] = str(exc)
+if with_hooks:
+    target = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+    out["hooks"] = len(hooks.HookRegistry._hooks.get(target, []))
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("with_hooks", [True, False])
+def test_ddtree_is_refused_at_start_when_its_admission_cannot_be_installed(
+        sites: dict[str, Path], with_hooks: bool) -> None:
+    # Without the admission hook a request DDTREE would serve differently (a penalty, logprobs)
+    # would be served: the plugin registers DDTREE only to refuse it (fail closed).
+    version = SUPPORTED[-1]
+    proc = subprocess.run([sys.executable, "-c", LOAD, str(sites[version]),
+                           "1" if with_hooks else "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if with_hooks:
+        assert got["class"] == "DDTreeSpec" and got["validate"] == "ok", got
+        assert got["hooks"] == 1
+    else:
+        assert got["class"] == "CustomSpecAlgo", got
+        assert "request admission cannot be installed" in got["validate"], got

@@ -46,6 +46,20 @@ def make_hook(name: str) -> Any:
     return before
 
 
+def unready() -> str | None:
+    """Why the hook cannot be installed in this process, or None. Without the hook a request
+    DDTREE would serve differently would be served, not refused: DDTREE is then refused at
+    start instead (fail closed)."""
+    try:
+        import ddtree.admission  # noqa: F401
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: F401
+    except ImportError as exc:
+        return (f"DDTREE's request admission cannot be installed ({exc}): without it a request "
+                "DDTREE would serve differently from plain decoding would not be refused; "
+                "reinstall ddtree-sglang-plugin")
+    return None
+
+
 def install(name: str) -> bool:
     """Register the hook (before SGLang applies hooks); False where it cannot be."""
     try:

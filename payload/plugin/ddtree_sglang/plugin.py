@@ -7,6 +7,8 @@ breaks start-up would break servers that do not use DDTREE. Instead:
 
 * a release outside ``releases.SUPPORTED``: DDTREE is registered as a name whose server-args
   check refuses with the supported list (an unknown name would be SGLang's vaguer error);
+* the request admission hook cannot be installed (``admission_hook.unready``): DDTREE is
+  registered only to refuse at start, as requests it would serve differently would pass;
 * a SGLang that has its own DDTREE (upstream PR #29907): that one serves
   ``--speculative-algorithm DDTREE``; the plugin registers as ``DDTREE_PLUGIN`` and says so.
 """
@@ -44,10 +46,12 @@ def _refuser(why: str) -> Any:
     return validate
 
 
-def register(version: str, algorithm_cls: type, registry: Any) -> str:
+def register(version: str, algorithm_cls: type, registry: Any,
+             refuse: str | None = None) -> str:
     """Register DDTREE on ``algorithm_cls`` (``SpeculativeAlgorithm``); returns the name used.
 
-    ``registry`` is ``sglang.srt.speculative.spec_registry`` (``CustomSpecAlgo``, ``get_spec``)."""
+    ``registry`` is ``sglang.srt.speculative.spec_registry`` (``CustomSpecAlgo``, ``get_spec``);
+    ``refuse``: a reason to register DDTREE only to refuse it at start."""
     name, serves = choose_name(algorithm_cls)
     if registry.get_spec(name) is not None:
         return name  # loaded twice in this process
@@ -56,7 +60,7 @@ def register(version: str, algorithm_cls: type, registry: Any) -> str:
             "SGLang %s has its own DDTREE: --speculative-algorithm DDTREE is served by SGLang's "
             "implementation; ddtree-sglang-plugin %s is registered as %s.",
             version, __version__, FALLBACK_NAME)
-    why = releases.refusal(version)
+    why = releases.refusal(version) or refuse
     if why is not None:
         logger.error("%s", why)
         algorithm_cls.register(name, supports_overlap=False,
@@ -107,13 +111,14 @@ def load() -> None:
         logger.error("ddtree-sglang-plugin: SGLang %s has no SpeculativeAlgorithm.register; %s",
                      version, releases.refusal(version) or "")
         return
+    from ddtree_sglang.admission_hook import install, unready
+
+    hook_problem = unready() if releases.refusal(version) is None else None
     try:
-        name = register(version, SpeculativeAlgorithm, spec_registry)
+        name = register(version, SpeculativeAlgorithm, spec_registry, refuse=hook_problem)
     except Exception as exc:
         logger.error("ddtree-sglang-plugin: DDTREE not registered (%s: %s).",
                      type(exc).__name__, exc)
         return
-    if releases.refusal(version) is None:
-        from ddtree_sglang.admission_hook import install
-
+    if releases.refusal(version) is None and hook_problem is None:
         install(name)
