@@ -34,6 +34,7 @@ from test_standin_server import (  # noqa: F401 (lab is a fixture)
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.health import ProbeTarget, probe_service, scan
 from ddtree_deploy.health.check import judge_generation
+from ddtree_deploy.remote.runner import RemoteScriptError
 from ddtree_deploy.transport.local import LocalTransport
 
 TINY = r'''
@@ -291,3 +292,24 @@ def test_a_server_with_an_api_key_is_probed_with_it(procs: list[Proc], tmp_path:
     key.write_text('api-key: "sk-tiny"\n')
     healthy, _ = _probe(dataclasses.replace(target, key_file=str(key)), 20)
     assert healthy.status == "healthy", healthy.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("case", ["folder", "not-utf8", "bad-json", "missing"])
+def test_an_unreadable_key_file_is_a_clear_error_not_a_traceback(
+        procs: list[Proc], tmp_path: Path, case: str) -> None:
+    """The host-side poll names the file and what it must hold, exits 2, and the workstation
+    raises the tool's error with that text (before: the poll's traceback was the message)."""
+    target = _tiny(procs, tmp_path, "auth")
+    key = tmp_path / "server.yaml"
+    if case == "folder":
+        key.mkdir()
+    elif case == "not-utf8":
+        key.write_bytes(b'api-key: "\xff\xfe"\n')
+    elif case == "bad-json":
+        key.write_text('api-key: "sk-unterminated\n')
+    with pytest.raises(RemoteScriptError) as caught:
+        _probe(dataclasses.replace(target, key_file=str(key)), 20)
+    message = str(caught.value)
+    assert "(exit 2)" in message and "Traceback" not in message, message
+    assert f"cannot read the API key from the service's --config file {str(key)!r}" in message
+    assert "api-key:" in message

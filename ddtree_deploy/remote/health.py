@@ -429,7 +429,16 @@ def poll(ns: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     ns = parse_args(argv)
     if ns.key_file:
-        key = read_key(ns.key_file)
+        try:
+            key = read_key(ns.key_file)
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSON errors included
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            sys.stderr.write(
+                f"health.py: cannot read the API key from the service's --config file "
+                f"{ns.key_file!r} as uid {os.geteuid()}: {why}. It must be a readable UTF-8 "
+                "file with a line `api-key: \"KEY\"` (`apply` writes it, mode 0600, owned by "
+                "the service's user: probe with that user's rights or sudo).\n")
+            return 2
         if key:
             _AUTH["Authorization"] = "Bearer " + key
     sys.stdout.write(json.dumps(poll(ns)) + "\n")
