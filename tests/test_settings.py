@@ -77,6 +77,25 @@ def flags(**values: Any) -> Any:
     ({"extra_args": ["--config", "/tmp/c.yaml"]}, ("extra_args",), "from api_key_file"),
     ({"algorithm": "dflash", "draft_model_path": "/d", "extra_args": ["--pp-size=2"]},
      ("extra_args",), "DFLASH supports only --pp-size 1"),
+    ({"algorithm": "dflash", "draft_model_path": "/d",
+      "extra_args": ["--pipeline-parallel-size", "2"]}, ("extra_args",),
+     "got --pipeline-parallel-size 2"),
+    # abbreviations reach the same option through SGLang's argparse (allow_abbrev)
+    ({"extra_args": ["--po", "30002"]}, ("extra_args",),
+     "--po abbreviates --port (SGLang's argparse takes any unambiguous prefix), which "
+     "ddtree-deploy sets itself (from port): give port instead"),
+    ({"extra_args": ["--ho=127.0.0.1"]}, ("extra_args",), "--ho abbreviates --host"),
+    ({"extra_args": ["--tensor-par", "8"]}, ("extra_args",), "from tp_size"),
+    ({"extra_args": ["--speculative-draft-model-pa=/x"]}, ("extra_args",),
+     "from draft_model_path"),
+    ({"extra_args": ["--conf", "/tmp/c.yaml"]}, ("extra_args",), "from api_key_file"),
+    ({"algorithm": "ddtree", "draft_model_path": "/d", "ddtree": {"budget": 15, "topk": 8},
+      "extra_args": ["--page-s=16"]}, ("extra_args",),
+     "--page-s abbreviates --page-size (SGLang's argparse takes any unambiguous prefix), "
+     "which the settings' rules check: write its full name"),
+    ({"extra_args": ["--decode-attention", "fa3"]}, ("extra_args",),
+     "abbreviates --decode-attention-backend"),
+    ({"extra_args": ["--enable-dp"]}, ("extra_args",), "abbreviates --enable-dp-attention"),
     ({"algorithm": "ddtree", "draft_model_path": "/d", "ddtree": {"budget": 15, "topk": 8},
       "attention_backend": "fa3"}, ("attention_backend",), "needs the triton attention backend"),
     ({"algorithm": "ddtree", "draft_model_path": "/d", "ddtree": {"budget": 15, "topk": 8},
@@ -210,6 +229,27 @@ def test_a_0_5_17_deployment_renders_the_plugin_s_variables(tmp_path: Path) -> N
     assert "Environment=SGLANG_DDTREE_BUDGET=15" in unit.splitlines()
     assert "Environment=SGLANG_DDTREE_TOPK=8" in unit.splitlines()
     assert "--speculative-ddtree" not in unit and "--speculative-algorithm DDTREE" in unit
+
+
+def test_an_abbreviated_flag_in_hosts_yaml_names_the_file_line_and_field(
+        tmp_path: Path) -> None:
+    text = embedded_hosts_file().read_text(encoding="utf-8")
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text.replace("    port: 30001\n",
+                                 "    port: 30001\n    extra_args: [--po, '30002']\n"),
+                    encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    line = text.splitlines().index("    port: 30001") + 2
+    assert f"{path}:{line}: deployments.sglang-ddtree.extra_args" in str(info.value)
+    assert "--po abbreviates --port" in str(info.value)
+
+
+def test_full_names_and_other_flags_pass_the_abbreviation_check() -> None:
+    s = ServerSettings.model_validate({"extra_args": [
+        "--page-size", "1", "--disable-overlap-schedule", "--p2p-nodes", "--posthoc", "-p",
+        "--enable-dp-attention=", "--chunked-prefill-size=4096", "--", "--attention-backend"]})
+    assert "--posthoc" in s.extra_args
 
 
 # -- service up: refused before any host is contacted ---------------------------------------------

@@ -139,6 +139,25 @@ TOOL_FLAGS: dict[str, str] = {
 }
 
 
+# Flags a rule reads from extra_args by their full names (and TOOL_FLAGS'). SGLang's parser is
+# argparse with abbreviations allowed: `--po 1` or `--page-s=16` reach --port and --page-size
+# past a check of full names, so a prefix of one of these is refused (a prefix shared with
+# another SGLang flag is one argparse refuses too, as ambiguous).
+CHECKED_FLAGS = ("--enable-dp-attention", "--pp-size", "--pipeline-parallel-size",
+                 "--page-size", *ATTENTION_FLAGS)
+
+
+def abbreviated_flag(arg: str) -> str | None:
+    """The checked or tool-set flag `arg` (`--opt`, `--opt=V`) abbreviates, if any: the
+    first in order when it abbreviates several."""
+    option = arg.split("=", 1)[0]
+    if not option.startswith("--") or len(option) <= 2 or option in TOOL_FLAGS \
+            or option in CHECKED_FLAGS:
+        return None
+    return next((flag for flag in (*TOOL_FLAGS, *CHECKED_FLAGS) if flag.startswith(option)),
+                None)
+
+
 def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
     """The value `args` give `flag` (`--flag V` or `--flag=V`), the last one; None if absent."""
     found = None
@@ -263,16 +282,24 @@ class ServerSettings(StrictModel):
                 errors.append((("extra_args",), f"{label} does not support "
                                "--enable-dp-attention (SGLang refuses it at start)",
                                "--enable-dp-attention"))
-            pipeline = flag_value(self.extra_args, "--pp-size")
-            if pipeline is not None and pipeline != "1":
-                errors.append((("extra_args",), f"{label} supports only --pp-size 1 (SGLang "
-                               f"refuses another at start), got --pp-size {pipeline}", pipeline))
+            for flag in ("--pp-size", "--pipeline-parallel-size"):
+                pipeline = flag_value(self.extra_args, flag)
+                if pipeline is not None and pipeline != "1":
+                    errors.append((("extra_args",), f"{label} supports only --pp-size 1 "
+                                   f"(SGLang refuses another at start), got {flag} {pipeline}",
+                                   pipeline))
         for arg in self.extra_args:
             option = arg.split("=", 1)[0]
             if option in TOOL_FLAGS:
                 errors.append((("extra_args",), f"{option} is set by ddtree-deploy itself "
                                f"(from {TOOL_FLAGS[option]}); give {TOOL_FLAGS[option]} instead "
                                "of the flag", option))
+            elif (full := abbreviated_flag(arg)) is not None:
+                reason = (f"which ddtree-deploy sets itself (from {TOOL_FLAGS[full]}): give "
+                          f"{TOOL_FLAGS[full]} instead of the flag" if full in TOOL_FLAGS else
+                          "which the settings' rules check: write its full name")
+                errors.append((("extra_args",), f"{option} abbreviates {full} (SGLang's "
+                               f"argparse takes any unambiguous prefix), {reason}", option))
         page = flag_value(self.extra_args, "--page-size")
         if self.algorithm == "ddtree" and page is not None and page != "1":
             errors.append((("extra_args",), "DDTREE needs --page-size 1 (accepted tree nodes "
