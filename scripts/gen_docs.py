@@ -118,7 +118,7 @@ def commands() -> str:
     import typer
 
     from ddtree_deploy.cli import app as cli_app
-    from ddtree_deploy.cli.helptext import prepare
+    from ddtree_deploy.cli.helptext import example_of, prepare
 
     root = typer.main.get_command(cli_app.build_app())
     prepare(root)
@@ -136,8 +136,8 @@ def commands() -> str:
         help_text = inspect.cleandoc(command.help or "")
         if help_text:
             out.append("\n\n".join(" ".join(p.split()) for p in help_text.split("\n\n")) + "\n")
-        if command.epilog:
-            example = command.epilog.removeprefix("Example: ")
+        example = example_of(command)
+        if example:
             out.append(f"\nExample:\n\n```\n{example}\n```\n")
         rows = []
         for param in command.params:

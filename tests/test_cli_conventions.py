@@ -266,17 +266,25 @@ def test_command_lists_are_one_sentence_per_command() -> None:
             assert line == " ".join(line.split())
 
 
+def _stand_in(command: Any) -> bool:
+    """cli_plugins' command for a plugin that is not installed (no help of its own)."""
+    return getattr(command.callback, "__name__", "") == "unavailable"
+
+
 def test_every_command_has_an_example_that_parses() -> None:
     import shlex
 
-    from ddtree_deploy.cli.helptext import EXAMPLES
+    from ddtree_deploy.cli.helptext import EXAMPLE_MAX, EXAMPLES, example_of
 
     tree = dict(_tree())
     for path, command in tree.items():
-        if path.split(" ")[0] not in cli.BUILT_INS and path:
-            continue  # a plugin's group brings its own help
-        assert path in EXAMPLES, f"no example for '{path}'"
-        example = command.epilog.removeprefix("Example: ")
+        if _stand_in(command):
+            continue  # a plugin that is not installed here: it says so when run
+        if path.split(" ")[0] in cli.BUILT_INS or not path:
+            assert path in EXAMPLES, f"no example for '{path}'"
+        example = example_of(command)  # a plugin's group brings its own
+        assert example, f"no example for '{path}'"
+        assert len(example) <= EXAMPLE_MAX, example  # one line on an 80-column terminal
         words = shlex.split(example.split("|")[0])
         assert words[0] == "ddtree-deploy"
         words = words[1:]
@@ -294,6 +302,64 @@ def test_every_command_has_an_example_that_parses() -> None:
             target = target.commands["run"]  # `bench HOST ...` is `bench run HOST ...`
         ctx = target.make_context(leaf or "ddtree-deploy", list(rest))  # raises when wrong
         assert ctx is not None
+
+
+def _columns(monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    from typer import rich_utils
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.setattr(rich_utils, "MAX_WIDTH", width)  # read from TERMINAL_WIDTH at import
+
+
+def _help_page(capsys: pytest.CaptureFixture[str], path: str) -> str:
+    code, out, err = _run(capsys, *path.split(), "-h")
+    assert code == 0, (path, err)
+    return out
+
+
+# What typer shows when a label is left to it: a Python type, braces round a required
+# argument, a default or a word cut with an ellipsis.
+LEFTOVERS = re.compile(r"<(str|bool|int|float|path|list\[\w+\]|[a-z]+ range)>|\{[A-Z_]+\}|…")
+
+
+def test_every_help_page_reads_clean_on_an_80_column_terminal(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _columns(monkeypatch, 80)
+    from ddtree_deploy.cli.helptext import example_of
+
+    pages = 0
+    for path, command in _tree():
+        if _stand_in(command):
+            continue
+        out = _help_page(capsys, path)
+        lines = out.splitlines()
+        assert all(len(line) <= 80 for line in lines), path
+        bad = [line for line in lines if LEFTOVERS.search(line)]
+        assert bad == [], (path, bad)
+        example = example_of(command)
+        assert example and any(line.strip() == example for line in lines), (path, example)
+        pages += 1
+    assert pages >= 30  # every command, not a few
+
+
+def test_usage_names_arguments_in_capitals_without_braces(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert "Usage: ddtree-deploy venv clone [OPTIONS] HOST SRC DST" in _help_page(
+        capsys, "venv clone")
+    assert "Usage: ddtree-deploy plan [OPTIONS] [HOSTS]..." in _help_page(capsys, "plan")
+    out = _help_page(capsys, "service up")
+    assert "Usage: ddtree-deploy service up [OPTIONS] HOST [NAME]" in out
+    assert re.search(r"--venv +PATH ", out)
+    assert re.search(r"--algorithm +none\|dflash\|ddtree ", out)
+
+
+def test_a_comma_separated_default_is_wrapped_not_cut(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _columns(monkeypatch, 80)
+    out = " ".join(re.sub("[│╭╮╰╯─]", " ", _help_page(capsys, "bench run")).split())
+    assert "[default: none, dflash, ddtree:15/8, ddtree:31/8]" in out
+    assert re.search(r"--configs CONFIG,\.\.\. ", out)
+    assert re.search(r"--concurrency N,\.\.\. ", out)
 
 
 @pytest.mark.parametrize(("given", "parsed"), [

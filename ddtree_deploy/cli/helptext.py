@@ -2,9 +2,12 @@
 
 Run once per invocation on the click command tree typer built (cli/app.py's root group):
 
-- a value's label says what to type (``N``, ``NUM``, ``TEXT``, ``PATH``, ``HOST``), never
+- a value's label says what to type (``N``, ``NUM``, ``TEXT``, ``PATH``, the choices), never
   typer's Python type (``<int>``, ``<list[str]>``); a flag has none (it takes no value);
-  an argument is named in capitals (``{HOST} [NAME]``: typer's braces for a required one);
+- an argument is named in capitals, as usage lines elsewhere name them (``HOST [NAME]``,
+  ``[HOSTS]...``), with no type beside it (typer's ``{HOST}`` and ``<str>``);
+- a comma-separated default is shown with spaces after its commas, so a narrow terminal
+  wraps it instead of cutting it with "…";
 - a command's line in its group's list is its docstring's first sentence on one line (the
   docstring's own line breaks do not leak into the list), whole: never cut with "…".
 """
@@ -40,20 +43,55 @@ COMMON_HELP = {
 }
 
 
+# Labels better than the type's, by option (a path on the host is typed as text).
+LABELS = {
+    "--venv": "PATH", "--from-venv": "PATH", "--model-path": "PATH", "--draft-model-path": "PATH",
+    "--log-file": "PATH", "--out": "FILE", "--abi": "LANE", "--to": "HOST[:VENV]",
+    "--from": "HOST", "--deployment": "NAME", "--name": "NAME", "--workload": "NAME",
+    "--algorithm": "none|dflash|ddtree", "--sampling-backend": "flashinfer|pytorch|ascend",
+    "--installer": "uv|pip|auto", "--prompts": "ids|text|auto", "--mode": "auto|systemd|plain",
+}
+# Options that take a comma-separated list in one value (bench's grid flags).
+LISTS = {"--configs": "CONFIG,...", "--concurrency": "N,...", "--sampling": "MODE,...",
+         "--workloads": "NAME,..."}
+
+
+def _argument(param: Any) -> None:
+    """HOST, [NAME] and [HOSTS]... in the usage line; the name alone in the arguments panel."""
+    name = (param.name or "value").upper()
+    param.metavar = name + ("..." if param.nargs != 1 else "")
+    usage = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+    param._usage_display_name = lambda: usage  # typer: {NAME} for a required one
+    param.display_type_rich = lambda ctx: None  # typer: <str>, <list[str]>
+
+
+def _spaced_default(param: Any) -> None:
+    default = param.default
+    if isinstance(default, str) and "," in default and " " not in default:
+        shown = ", ".join(default.split(","))
+        param._get_default_string = lambda **_: shown
+
+
 def label_params(command: Any) -> None:
     for param in getattr(command, "params", ()):
         if not getattr(param, "help", None) and param.name in COMMON_HELP:
             param.help = COMMON_HELP[param.name]
+        if param.param_type_name == "argument":
+            if param.metavar is None or not hasattr(param, "_usage_display_name"):
+                _argument(param)
+            continue
+        _spaced_default(param)
         if param.metavar is not None:
             continue
-        if param.param_type_name == "argument":
-            param.metavar = (param.name or "value").upper()  # typer adds {}, [] and ...
-        elif getattr(param, "is_flag", False) or getattr(param, "count", False):
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
             param.metavar = ""
-        else:
-            label = _label(param)
-            if label is not None:
-                param.metavar = label + ("..." if param.nargs != 1 else "")
+            continue
+        opt = next((o for o in param.opts if o.startswith("--")), "")
+        label = LABELS.get(opt) or _label(param)
+        if isinstance(param.default, str) and "," in param.default:
+            label = LISTS.get(opt, "TEXT,...")
+        if label is not None:
+            param.metavar = label + ("..." if param.nargs != 1 else "")
 
 
 def short_help(text: str) -> str:
@@ -99,17 +137,27 @@ EXAMPLES: dict[str, str] = {
     "hosts trust": "ddtree-deploy hosts trust ct200",
     "hosts disconnect": "ddtree-deploy hosts disconnect ct200",
     "bench": "ddtree-deploy bench ct200 sglang-ddtree --configs dflash,ddtree:15/8",
-    "bench run": "ddtree-deploy bench run ct200 --grid benchmarks/grids/h200-small.yaml --dry-run",
+    "bench run": "ddtree-deploy bench run ct200 sglang-ddtree --requests 8 --dry-run",
     "bench report": "ddtree-deploy bench report ct200 sglang-ddtree",
     "bench recommend": "ddtree-deploy bench recommend ct200 sglang-ddtree --write sglang-ddtree",
 }
+
+
+EXAMPLE = "Example:\n\n  "  # the command on a line of its own: copied whole, never wrapped
+EXAMPLE_MAX = 76  # an 80-column terminal shows it on one line
+
+
+def example_of(command: Any) -> str | None:
+    """The example a command's help shows (a plugin gives its own epilog the same way)."""
+    epilog = getattr(command, "epilog", None) or ""
+    return epilog.removeprefix(EXAMPLE).strip() if epilog.startswith(EXAMPLE) else None
 
 
 def prepare(command: Any, path: str = "") -> None:
     """Labels, examples and command lines for `command` and everything below it."""
     label_params(command)
     if path in EXAMPLES and not command.epilog:
-        command.epilog = f"Example: {EXAMPLES[path]}"
+        command.epilog = EXAMPLE + EXAMPLES[path]
     get_help = getattr(command, "get_help_option", None)
     if get_help is not None:  # made once per command and kept: a flag, no label either
         help_option = get_help(SimpleNamespace(help_option_names=HELP_NAMES))

@@ -7,9 +7,11 @@ from dataclasses import asdict
 import typer
 
 from ddtree_deploy.cli.common import console, print_json
+from ddtree_deploy.cli.helptext import EXAMPLE
 from ddtree_deploy.errors import ExitCode
 
 app = typer.Typer(help="The local lab: systemd-nspawn hosts ct129 and ct200 (a rehearsal).",
+                  epilog=EXAMPLE + "ddtree-deploy lab status",
                   no_args_is_help=True)
 err = console(stderr=True)
 out = console()
@@ -25,7 +27,7 @@ WAIT_HELP = ("if another process holds the lab, wait up to SECONDS for it "
              "(default: refuse at once, naming the holder)")
 
 
-@app.command()
+@app.command(epilog=EXAMPLE + "ddtree-deploy lab up --extra 1 --wait 600")
 def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
                                  help="add N more hosts like ct200 (ct201, ...)"),
        wait: float = typer.Option(0.0, "--wait", min=0, metavar="SECONDS", help=WAIT_HELP),
@@ -47,7 +49,7 @@ def up(extra: int = typer.Option(0, "--extra", min=0, max=50,
     out.print(table)
 
 
-@app.command()
+@app.command(epilog=EXAMPLE + "ddtree-deploy lab down --purge")
 def down(purge: bool = typer.Option(False, "--purge",
                                     help="also remove the caches (rootfs, wheels) and lab keys"),
          wait: float = typer.Option(0.0, "--wait", min=0, metavar="SECONDS", help=WAIT_HELP),
@@ -59,7 +61,7 @@ def down(purge: bool = typer.Option(False, "--purge",
     out.print(f"lab down: removed {len(removed)} items" if removed else "lab down: nothing to do")
 
 
-@app.command()
+@app.command(epilog=EXAMPLE + "ddtree-deploy lab status --json")
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """Show each lab host: container running, sshd answering."""
     from ddtree_deploy.cli.render_table import add_row, make_table
