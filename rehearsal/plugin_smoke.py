@@ -42,8 +42,10 @@ class Smoke:
         self.out = out
         self.result: dict[str, Any] = {"steps": []}
 
-    def step(self, name: str, ok: bool, **info: Any) -> bool:
-        self.result["steps"].append({"step": name, "ok": ok, **info})
+    def step(self, name: str, ok: bool, /, **info: Any) -> bool:
+        """Record one step (``info``: what it found; its own ``step``/``ok`` keys, where a check's
+        result carries them, are kept under ``info`` and never replace the step's)."""
+        self.result["steps"].append({"step": name, "ok": ok, "info": info})
         (self.out / "smoke.json").write_text(json.dumps(self.result, indent=2) + "\n")
         print(f"[{'ok' if ok else 'FAIL'}] {name} {json.dumps(info)[:600]}", flush=True)
         return ok
@@ -95,6 +97,26 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
+def check_served(smoke: Smoke, algorithm: str, port: int, env: dict[str, str]) -> bool:
+    """The requests a started server answers: 8 greedy ones on the ladder design (closed form)
+    and one sampled; True when the greedy answers are exact and the sampled one complete."""
+    design = get_design("ladder")
+    prompts = checks.prompt_set(design, 8, seed=1, max_len=120, max_out=64)
+    res = checks.lossless(port, design, prompts, concurrency=8,
+                          algorithm=None if algorithm == "none" else algorithm.upper(),
+                          budget=int(env.get("SGLANG_DDTREE_BUDGET", "15")),
+                          topk=int(env.get("SGLANG_DDTREE_TOPK", "8")))
+    greedy = not res.get("wrong") and not res.get("failed")
+    smoke.step(f"{algorithm}: greedy lossless (8 requests, ladder design)", greedy,
+               **{k: v for k, v in res.items() if k != "outputs"})
+    sampled = client.generate(port, prompts[0][0], 32,
+                              sampling={"temperature": 0.7, "top_p": 0.9, "top_k": 20})
+    whole = smoke.step(f"{algorithm}: one sampled request", sampled.error is None
+                       and len(sampled.output_ids) == 32, error=sampled.error,
+                       tokens=len(sampled.output_ids), seconds=round(sampled.seconds, 1))
+    return greedy and whole
+
+
 def serve_and_check(smoke: Smoke, algorithm: str, models: Path, port: int,
                     env: dict[str, str], deadline: float) -> bool:
     design = get_design("ladder")
@@ -109,20 +131,7 @@ def serve_and_check(smoke: Smoke, algorithm: str, models: Path, port: int,
         if not smoke.step(f"{algorithm}: start", why is None, seconds=round(time.monotonic() - t0),
                           argv=argv[1:], error=why):
             return False
-        prompts = checks.prompt_set(design, 8, seed=1, max_len=120, max_out=64)
-        res = checks.lossless(port, design, prompts, concurrency=8,
-                              algorithm=None if algorithm == "none" else algorithm.upper(),
-                              budget=int(env.get("SGLANG_DDTREE_BUDGET", "15")),
-                              topk=int(env.get("SGLANG_DDTREE_TOPK", "8")))
-        ok = not res.get("wrong") and not res.get("failed")
-        smoke.step(f"{algorithm}: greedy lossless (8 requests, ladder design)", ok,
-                   **{k: v for k, v in res.items() if k != "outputs"})
-        sampled = client.generate(port, prompts[0][0], 32,
-                                  sampling={"temperature": 0.7, "top_p": 0.9, "top_k": 20})
-        smoke.step(f"{algorithm}: one sampled request", sampled.error is None
-                   and len(sampled.output_ids) == 32, error=sampled.error,
-                   tokens=len(sampled.output_ids), seconds=round(sampled.seconds, 1))
-        return ok
+        return check_served(smoke, algorithm, port, env)
     finally:
         stop(proc)
         text = log.read_text(errors="replace").splitlines()
