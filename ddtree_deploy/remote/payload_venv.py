@@ -32,6 +32,8 @@ from ddtree_deploy.remote.payload_fs import (
 )
 
 PENDING = "pending.json"
+PROC_LOCKS = "/proc/locks"  # where the kernel lists each lock's holder
+UNKNOWN_HOLDER = "a process of this host"
 
 
 def own_prefix(venv):
@@ -151,10 +153,10 @@ class Venv:
         """Who holds the venv's flock, from /proc/locks (pid and command line)."""
         try:
             ino = os.stat(self.prefix).st_ino
-            with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            with open(PROC_LOCKS, encoding="ascii", errors="replace") as fh:
                 rows = fh.read(1 << 20).splitlines()
         except OSError:
-            return "a process of this host"
+            return UNKNOWN_HOLDER
         for row in rows:
             parts = row.split()
             if len(parts) > 5 and parts[1] == "FLOCK" and parts[5].endswith(f":{ino}"):
@@ -165,7 +167,7 @@ class Venv:
                 except OSError:
                     cmd = "?"
                 return f"pid {pid}: {cmd.strip()[:120]}"
-        return "a process of this host"
+        return UNKNOWN_HOLDER
 
     def check_lock(self, token):
         """Refuse unless the venv's lock is held (by the `hold` of this command: its token is
@@ -177,12 +179,38 @@ class Venv:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
             held = self.holder_text()
-            if held.startswith("pid ") and held.split(":", 1)[0] != f"pid {token}":
-                raise Refused(f"the venv's lock is held by another command ({held})") from None
-            return
+            if held.startswith("pid "):
+                if held.split(":", 1)[0] != f"pid {token}":
+                    raise Refused(f"the venv's lock is held by another command ({held})") \
+                        from None
+                return
+            if self._opened_by(token):  # /proc/locks did not say: the holder's own folder fd
+                return
+            raise Refused(
+                f"the venv's lock on {self.prefix} is held, and its holder cannot be identified "
+                f"({PROC_LOCKS} names none, and pid {token}, the lock this command took, has "
+                f"no descriptor on the folder): check which process holds it with `fuser -v "
+                f"{self.prefix}` or `lsof {self.prefix}`. The lock is an flock: it ends with "
+                "its process, so a stale one is cleared by ending that process (a payload "
+                "command cut short), then run the command again") from None
         finally:
             os.close(fd)
         raise Refused("the venv's lock is not held (its holder ended)")
+
+    def _opened_by(self, pid):
+        """Whether process `pid` has a descriptor open on the venv's folder."""
+        where = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(where)
+        except OSError:
+            return False
+        for name in names:
+            try:
+                if os.path.realpath(os.readlink(os.path.join(where, name))) == self.prefix:
+                    return True
+            except OSError:
+                continue
+        return False
 
     # -- the journal ------------------------------------------------------------------------
 
