@@ -213,3 +213,31 @@ def test_install_failure_carries_uvs_words(
     assert "0.12.1" in str(e.value).split("\n", 1)[1]  # uv's own explanation follows
     with pytest.raises(RemoteCommandError, match="no venv at"):
         install(t, str(tmp_path / "absent"), [SOUNDFILE], soundfile_wheels, sudo=False)
+
+
+# -- what apply shows while they run (issue 31) -------------------------------
+
+
+def test_pip_and_uv_say_what_they_do_line_by_line_as_they_run(
+    host: Path, tmp_path: Path, soundfile_wheels: list[Path], xdg_cache: Path
+) -> None:
+    """pip runs on the workstation for the host: its command and lines are told to the host
+    transport's observers and listeners, marked (workstation); uv's lines on the host are
+    told as uv prints them (apply -vv, apply's status line)."""
+    heard: list[tuple[str, str, str]] = []
+    seen: list[tuple[str, int | None]] = []
+    t = LocalTransport("ct200")
+    t.listeners = (lambda c, s, ln: heard.append((c, s, ln)),)
+    t.observers = (lambda c, code, took, out, err: seen.append((c, code)),)
+    with pytest.raises(installer.DeployError):
+        wheelhouse([Requirement("soundfile==0.0.1", deps=False)], python_version=HOST_PY,
+                   glibc="2.36", cache=xdg_cache, beside=t)
+    pip = [(c, s, ln) for c, s, ln in heard if " pip download " in c]
+    assert pip and all(c.startswith("(workstation) ") for c, _s, _ln in pip)
+    assert any(s == "err" and "soundfile==0.0.1" in ln for _c, s, ln in pip)  # pip's ERROR
+    assert seen[-1][0].startswith("(workstation) ") and seen[-1][1] == 1
+    venv = _venv(tmp_path / "venv")
+    install(t, str(venv), [SOUNDFILE], soundfile_wheels, sudo=False)
+    uv = [ln for c, _s, ln in heard if " pip install " in c]
+    assert any(ln.startswith("Installed ") for ln in uv), uv
+    assert any("soundfile==0.13.1" in ln for ln in uv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -77,6 +78,14 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     assert {"payload.deploy", "unit.install", "service.start"} <= steps, steps
     assert any(e["event"] == "command" and e["exit"] == 0 and e["seconds"] >= 0
                for e in events)
+    # progress (issue 31): each step said as it ends with its seconds, plain (a pipe: no bars,
+    # no control codes); the summary gives each step's seconds and the total
+    for kind in ("lane.overlay", "package.install", "service.probe"):
+        assert re.search(rf"^ct200: {re.escape(kind)} .* done in [0-9.hm]+s$",
+                         applied.stderr, re.M), (kind, applied.stderr)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", applied.stdout + applied.stderr)
+    assert re.search(r"^ +[0-9.hm]+s +lane\.overlay +CUDA lane", applied.stdout, re.M)
+    assert re.search(r"^ +[0-9.hm]+s +in all$", applied.stdout, re.M), applied.stdout
     unit = sh(lab, "cat /etc/systemd/system/sglang-ddtree.service")
     for line in ("CUDA_VISIBLE_DEVICES=1", "--port 30001", "--speculative-algorithm DDTREE",
                  "--speculative-ddtree-budget 15", "--speculative-ddtree-topk 8",
@@ -111,8 +120,11 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
 
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    resumed = cli(lab, "apply", "ct200", "--yes")
+    resumed = cli(lab, "apply", "ct200", "--yes", "-vv")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # -vv: each command and, line by line, what it printed
+    assert re.search(r"^ct200: \$ .* \(exit 0, [0-9.]+s\)$", resumed.stderr, re.M)
+    assert re.search(r"^ct200:   (out|err)\| ", resumed.stderr, re.M), resumed.stderr
     assert cli(lab, "plan", "ct200", "--refresh").returncode == 0
 
     # Without a terminal and without --yes, apply refuses; a second apply is refused by the lock.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import threading
@@ -138,9 +137,6 @@ def _check_specs(saved: object, config: Config, host: str) -> None:
                            hint="make a new plan (ddtree-deploy plan --out) and review it")
 
 
-VV_LINES = 40  # -vv: the last lines of each command's stdout and stderr
-
-
 def apply(
     ctx: typer.Context,
     hosts: list[str] = typer.Argument(None, help="hosts (default: those of the plan or all)"),
@@ -152,20 +148,20 @@ def apply(
                                    help="seconds each service's health probe may take"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                 help="-v: each command sent to a host, its exit and seconds, "
-                                     "on stderr (secrets as ***); -vv: and the last lines "
-                                     "of what it printed"),
+                                     "on stderr (secrets as ***); -vv: and what it prints, "
+                                     "line by line as it comes"),
 ) -> None:
     """Converge each host on its deployments: idempotent, resumable, one host's failure
-    does not stop the others. Each host's run is logged under the state folder
-    (runs/*.jsonl, mode 0600: who, when, each command, its exit and seconds, each step)."""
+    does not stop the others. Each step is said on stderr as it begins and ends (with its
+    seconds; on a terminal a live status line and the lane copy's bars), the summary gives
+    each step's seconds. Each host's run is logged under the state folder (runs/*.jsonl,
+    mode 0600: who, when, each command, its exit and seconds, each step)."""
+    from ddtree_deploy.cli.applyview import ApplyView, summary
     from ddtree_deploy.converge.runlog import RunLog
-    from ddtree_deploy.converge.runner import apply_host, make_plan
+    from ddtree_deploy.converge.runner import HostRun, apply_host, make_plan
     from ddtree_deploy.converge.steps import Plan, Step
     from ddtree_deploy.transport.fanout import exit_code, fan_out
     from ddtree_deploy.version import version_line
-
-    def say(message: str) -> None:
-        err.print(plain(message), markup=False, highlight=False, soft_wrap=True)
 
     config = config_of(ctx)
     if config.source == EMBEDDED:
@@ -218,40 +214,29 @@ def apply(
             raise UsageError(f"the saved plan has no steps for {host}")
         if saved is not None:
             _check_specs(saved, config, host)
-        log = RunLog(host, say=say)
+        log = RunLog(host, say=view.say)
         log.start({"command": "apply", "hosts": names, "plan": str(plan_file) if plan_file
                    else None, "yes": yes}, str(config.path), version_line())
-        say(f"{host}: run log {log.path}")
-
-        def shown_command(command: str, code: int | None, seconds: float, stdout: str,
-                          stderr: str) -> None:
-            exit_ = "killed at its deadline" if code is None else f"exit {code}"
-            say(f"{host}: $ {command} ({exit_}, {seconds:.1f}s)")
-            if verbose >= 2:  # -vv: what it printed, its last lines
-                for name, text in (("out", stdout), ("err", stderr)):
-                    for line in text.splitlines()[-VV_LINES:]:
-                        say(f"{host}:   {name}| {line}")
-
+        view.say(f"{host}: run log {log.path}")
         return apply_host(config, host, expected_fingerprint=expected, log=log,
-                          progress=bars,
-                          observers=(shown_command,) if verbose else (),
-                          report=lambda m: err.print(plain(m), markup=False, highlight=False),
+                          progress=view.progress, watch=view,
+                          observers=(view.observer(host),) if verbose else (),
+                          listeners=view.listeners(host),
                           probe_deadline=deadline,
                           on_plan=(lambda steps: show(host, steps)) if yes and saved is None
                           else None)
 
-    # the lane copy's byte bars (overlay's), on a terminal only: a log file gets the steps
-    from ddtree_deploy.overlay.progress import RichProgress
-
-    bars = RichProgress(lambda: rich_console(err)) if is_tty(err) else None
-    with bars if bars is not None else contextlib.nullcontext():
+    # on a terminal: a live status line per host and the lane copy's bars; else plain lines
+    with ApplyView(rich_console(err), verbose=verbose, terminal=is_tty(err)) as view:
         outcomes = fan_out(names, one, concurrency=concurrency)
     for o in outcomes:
         if o.ok:
             run = o.value
-            done = len(getattr(run, "done", []))
-            out.print(f"[green]{esc(o.host)}: converged[/green] ({done} steps; "
-                      f"{esc(getattr(run, 'verdict', '') or 'no service')})", highlight=False)
+            assert isinstance(run, HostRun)
+            out.print(f"[green]{esc(o.host)}: converged[/green] ({len(run.done)} steps; "
+                      f"{esc(run.verdict or 'no service')})", highlight=False)
+            for line in summary(run):
+                out.print(plain(line), markup=False, highlight=False)
         else:
             out.print(f"[red]{esc(o.host)}: failed[/red]: {esc(o.error)}", highlight=False)
     code = exit_code(outcomes)

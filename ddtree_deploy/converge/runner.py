@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.converge import hoststate
@@ -40,8 +40,24 @@ if TYPE_CHECKING:
     from ddtree_deploy.converge.runlog import RunLog
     from ddtree_deploy.overlay.progress import ProgressSink
     from ddtree_deploy.transport.base import Observer
+    from ddtree_deploy.transport.live import Listener
 
-Report = Callable[[str], None]
+
+class Watch(Protocol):
+    """What apply tells the one who watches it: each step as it begins (with what it does)
+    and as it ends (its seconds, whether it went well)."""
+
+    def began(self, host: str, step: Step, text: str) -> None: ...
+
+    def ended(self, host: str, step: Step, seconds: float, ok: bool) -> None: ...
+
+
+class Unwatched:
+    def began(self, host: str, step: Step, text: str) -> None:
+        return None
+
+    def ended(self, host: str, step: Step, seconds: float, ok: bool) -> None:
+        return None
 
 
 @dataclass
@@ -49,13 +65,13 @@ class HostRun:
     host: str
     done: list[Step] = field(default_factory=list)
     verdict: str | None = None
-    timings: list[tuple[str, float]] = field(default_factory=list)  # (step kind, seconds)
+    timings: list[tuple[str, str, float]] = field(default_factory=list)  # (kind, title, s)
     total_s: float = 0.0
     log: RunLog | None = field(default=None, repr=False)
 
     def record(self, step: Step, seconds: float, ok: bool) -> None:
         if ok:
-            self.timings.append((step.kind, seconds))
+            self.timings.append((step.kind, step.title, seconds))
         if self.log is not None:
             self.log.step(step.kind, step.title, step.deployment, seconds, ok)
 
@@ -134,18 +150,37 @@ def _act(ctx: Acting, step: Step) -> None:
 MAX_ROUNDS = 6
 
 
+def secret_values(config: Config, host: HostSpec) -> frozenset[str]:
+    """The deployments' API keys and HF tokens on `host`, as the workstation holds them:
+    masked in everything apply shows and logs. A file that cannot be read is the step's
+    to report (unit.install), not a reason to stop here."""
+    from ddtree_deploy.errors import ConfigError
+    from ddtree_deploy.service.endpoint import read_secrets
+
+    out: set[str] = set()
+    for d in config.deployments_on(host):
+        try:
+            s = read_secrets(d.api_key_file, d.hf_token_file, d.name)
+        except ConfigError:
+            continue
+        out.update(v for v in (s.api_key, s.hf_token) if v)
+    return frozenset(out)
+
+
 def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = None,
-               report: Report = lambda _m: None, probe_deadline: float = 120.0,
+               watch: Watch | None = None, probe_deadline: float = 120.0,
                on_plan: Callable[[list[Step]], None] | None = None,
                log: RunLog | None = None, observers: tuple[Observer, ...] = (),
+               listeners: tuple[Listener, ...] = (),
                progress: ProgressSink | None = None) -> HostRun:
     """Under the host's lock (held on a connection of its own), over one more connection:
     rounds of plan on fresh facts, run every pending step in order (the planner already
     planned later steps on what earlier ones produce), until a round's plan is empty; a step
     still pending in the round after it ran fails the run. Then each service's health probe.
     `on_plan` sees the first round's steps (made under the lock, so they are the ones that
-    run). `log` records every command sent on the work connection and every step;
-    `observers` are also told of each command (-v)."""
+    run); `watch` each step begin and end. `log` records every command sent on the work
+    connection and every step; `observers` are also told of each command (-v), `listeners`
+    of each line of its output as it comes; the deployments' secrets are masked in all."""
     from ddtree_deploy.converge.lock import HostLock  # apply only: plan stays light
 
     host = config.host(name)
@@ -155,7 +190,9 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
         with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
                 open_transport(config, host) as t:
             t.observers = (*observers, *((log.command,) if log is not None else ()))
-            _converge(config, host, t, lock, run, expected_fingerprint, report,
+            t.listeners = listeners
+            t.redact = secret_values(config, host)
+            _converge(config, host, t, lock, run, expected_fingerprint, watch or Unwatched(),
                       probe_deadline, on_plan, progress)
     except BaseException as exc:
         if log is not None:
@@ -168,7 +205,7 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
 
 
 def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, run: HostRun,
-              expected_fingerprint: str | None, report: Report, probe_deadline: float,
+              expected_fingerprint: str | None, watch: Watch, probe_deadline: float,
               on_plan: Callable[[list[Step]], None] | None,
               progress: ProgressSink | None = None) -> HostRun:
     name = host.name
@@ -191,16 +228,21 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
                 raise DeployError(f"{name}: step '{step.kind}: {step.title}' did not "
                                   f"take effect ({step.reason})")
             lock.check()
-            report(f"{name}: {step_kind(step.kind).announce(step)}")
+            watch.began(name, step, step_kind(step.kind).announce(step))
             started = time.monotonic()
             try:
                 _act(ctx, step)
-            except DeployError as exc:
-                run.record(step, time.monotonic() - started, ok=False)
+            except BaseException as exc:
+                seconds = time.monotonic() - started
+                run.record(step, seconds, ok=False)
+                watch.ended(name, step, seconds, ok=False)
+                if not isinstance(exc, DeployError):
+                    raise
                 raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
                                   f"{exc.message}", hint=exc.hint) from exc
-            run.record(step, time.monotonic() - started, ok=True)
-            report(f"{name}: {step.kind} done in {time.monotonic() - started:.1f}s")
+            seconds = time.monotonic() - started
+            run.record(step, seconds, ok=True)
+            watch.ended(name, step, seconds, ok=True)
             run.done.append(step)
             ran.add(key)
         now = facts.fresh()
@@ -211,8 +253,14 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
     for step in steps:
         kind = step_kind(step.kind)
         if kind.check:
-            report(f"{name}: {kind.announce(step)}")
+            watch.began(name, step, kind.announce(step))
             started = time.monotonic()
-            run.verdict = kind.act(ctx, step)
+            try:
+                run.verdict = kind.act(ctx, step)
+            except BaseException:
+                run.record(step, time.monotonic() - started, ok=False)
+                watch.ended(name, step, time.monotonic() - started, ok=False)
+                raise
             run.record(step, time.monotonic() - started, ok=True)
+            watch.ended(name, step, time.monotonic() - started, ok=True)
     return run

@@ -81,41 +81,58 @@ class CountingProgress(_Hosts):
         self.tasks[task]["ended"] = True
 
 
-class RichProgress(_Hosts):
-    """Rich bars on stderr: `host what  [bar]  done/total  rate  eta`. Use as a context."""
+def byte_bars(console: Console | None = None) -> Any:
+    """The rich Progress the bars are drawn with (not started: the caller draws it, inside a
+    live display of its own, or starts it)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
-    def __init__(self, console: Console | Callable[[], Console] | None = None) -> None:
+    return Progress(
+        TextColumn("{task.description}", markup=False),  # host names: text
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+
+
+class RichProgress(_Hosts):
+    """Rich bars on stderr: `host what  [bar]  done/total  rate  eta`. Use as a context.
+    `drawn`: a Progress (byte_bars) that a live display of the caller's already draws."""
+
+    def __init__(self, console: Console | Callable[[], Console] | None = None, *,
+                 drawn: Any = None) -> None:
         super().__init__()
         self._console = console
-        self._progress: Any = None  # made at the first bar: a run that moves nothing loads
+        self._progress: Any = drawn  # made at the first bar: a run that moves nothing loads
         self._ids: dict[int, Any] = {}  # no rich at all
         self._made = threading.Lock()
 
     def _bars(self) -> Any:
         with self._made:
             if self._progress is None:
-                from rich.console import Console
-                from rich.progress import (
-                    BarColumn,
-                    DownloadColumn,
-                    Progress,
-                    TextColumn,
-                    TimeRemainingColumn,
-                    TransferSpeedColumn,
-                )
-
                 con = self._console() if callable(self._console) else self._console
-                self._progress = Progress(
-                    TextColumn("{task.description}", markup=False),  # host names: text
-                    BarColumn(),
-                    DownloadColumn(),
-                    TransferSpeedColumn(),
-                    TimeRemainingColumn(),
-                    console=con or Console(stderr=True),
-                    transient=False,
-                )
+                self._progress = byte_bars(con)
                 self._progress.start()
             return self._progress
+
+    def drop(self, host: str) -> None:
+        """Take the host's bars off the display (its step is over)."""
+        if self._progress is None:
+            return
+        for task, tid in list(self._ids.items()):
+            if self.host(task) == host:
+                self._progress.remove_task(tid)
+                del self._ids[task]
 
     def __enter__(self) -> RichProgress:
         return self

@@ -19,6 +19,7 @@ from typing import BinaryIO, Protocol, Self, runtime_checkable
 
 from ddtree_deploy.errors import CommandTimeout, RemoteCommandError, SudoError, TransportError
 from ddtree_deploy.transport.command import KILL_AFTER, Command, mask_secrets, wrap_raw
+from ddtree_deploy.transport.live import Lines, Listener
 
 CHUNK = 256 * 1024
 BACKSTOP = 3.0  # extra seconds the caller waits before giving up on the far side
@@ -95,14 +96,19 @@ KEEP_TAIL = 1 << 20  # ... and its last 1 MiB (a script's answer is its last lin
 class Capture:
     """A command's collected output, bounded: the head and the tail are kept, what lies
     between is counted and dropped (a host process that writes gigabytes neither exhausts
-    the workstation's memory nor stops being read, so it ends or meets its deadline)."""
+    the workstation's memory nor stops being read, so it ends or meets its deadline).
+    `tap` is handed every chunk as it comes (the live lines of apply)."""
 
-    def __init__(self, head: int = KEEP_HEAD, tail: int = KEEP_TAIL) -> None:
+    def __init__(self, head: int = KEEP_HEAD, tail: int = KEEP_TAIL,
+                 tap: Callable[[bytes], None] | None = None) -> None:
         self._head, self._tail = bytearray(), bytearray()
         self._head_max, self._tail_max = head, tail
+        self._tap = tap
         self.dropped = 0
 
     def append(self, data: bytes) -> None:
+        if self._tap is not None:
+            self._tap(data)
         room = self._head_max - len(self._head)
         if room > 0:
             self._head += data[:room]
@@ -151,8 +157,10 @@ class _CountingReader(io.RawIOBase):
 
 # Told of every command a transport ran: (its display form, exit code or None when it was
 # killed at its deadline, seconds, its stdout and stderr with secrets masked); apply's run log
-# and -v / -vv listen here.
+# and -v listen here.
 Observer = Callable[[str, "int | None", float, str, str], None]
+# What `_exec` hands each chunk of collected output to as it is read: ("out" | "err", bytes).
+Tap = Callable[[str, bytes], None]
 
 
 class ExecTransport(ABC):
@@ -160,6 +168,8 @@ class ExecTransport(ABC):
 
     host: str
     observers: tuple[Observer, ...] = ()  # set per instance (apply_host), never shared
+    listeners: tuple[Listener, ...] = ()  # told each output line as it comes (apply)
+    redact: frozenset[str] = frozenset()  # values masked as *** beside each command's own
 
     @abstractmethod
     def _exec(
@@ -169,13 +179,15 @@ class ExecTransport(ABC):
         stdin: BinaryIO | None,
         stdout: BinaryIO | None,
         deadline: float | None,
+        live: Tap | None = None,
     ) -> RawOutcome:
         """Run `script` with the far side's POSIX shell.
 
         stdin: streamed in and then closed (None: empty input); stdout: where
         standard output goes (None: collect it into the outcome). `deadline` is
         the monotonic time after which the command is killed and the outcome
-        is marked timed_out.
+        is marked timed_out. `live` is handed each chunk of the output it collects
+        as it is read (never the output streamed to `stdout`).
         """
 
     @abstractmethod
@@ -225,9 +237,17 @@ class ExecTransport(ABC):
         else:
             use_sudo = False
             script, shown, secrets = wrap_raw(cmd, timeout=timeout), cmd, frozenset()
+        secrets = secrets | self.redact
+        shown = mask_secrets(shown, self.redact)
+        lines = Lines(shown, secrets, self.listeners) if self.listeners else None
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout + KILL_AFTER + BACKSTOP
-        raw = self._exec(script, stdin=stdin, stdout=stdout, deadline=deadline)
+        try:
+            raw = self._exec(script, stdin=stdin, stdout=stdout, deadline=deadline,
+                             live=lines.feed if lines is not None else None)
+        finally:
+            if lines is not None:
+                lines.flush()
         duration = time.monotonic() - start
         stderr = decode(raw.stderr)
         timed_out = raw.timed_out or (

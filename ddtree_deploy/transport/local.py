@@ -9,10 +9,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, BinaryIO
 
 from ddtree_deploy.errors import TransportError
-from ddtree_deploy.transport.base import CHUNK, Capture, ExecTransport, RawOutcome
+from ddtree_deploy.transport.base import CHUNK, Capture, ExecTransport, RawOutcome, Tap
 
 _SHELL = "/bin/sh"
 
@@ -43,9 +44,11 @@ def _shell_status(code: int) -> int:
 
 
 def run_process(argv: list[str], *, stdin: BinaryIO | None, stdout: BinaryIO | None,
-                deadline: float | None, own_group: bool, host: str) -> RawOutcome:
+                deadline: float | None, own_group: bool, host: str,
+                live: Tap | None = None) -> RawOutcome:
     """Run a program with its input streamed in and its output collected (or streamed to
-    `stdout`), killed at `deadline` (with its whole process group when `own_group`)."""
+    `stdout`), killed at `deadline` (with its whole process group when `own_group`); `live`
+    is handed what is collected as it is read."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -58,7 +61,7 @@ def run_process(argv: list[str], *, stdin: BinaryIO | None, stdout: BinaryIO | N
     except OSError as exc:
         raise TransportError(f"{host}: cannot start {argv[0]}: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
-    out_chunks, err_chunks = Capture(), Capture()
+    out_chunks, err_chunks = Capture(tap=_tap(live, "out")), Capture(tap=_tap(live, "err"))
     threads = [
         threading.Thread(
             target=_pump_out,
@@ -98,6 +101,13 @@ def run_process(argv: list[str], *, stdin: BinaryIO | None, stdout: BinaryIO | N
     )
 
 
+def _tap(live: Tap | None, stream: str) -> Callable[[bytes], None] | None:
+    """`live` for one stream (what a Capture is handed)."""
+    if live is None:
+        return None
+    return lambda data: live(stream, data)
+
+
 def _kill(proc: subprocess.Popen[bytes], group: bool) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
@@ -127,9 +137,10 @@ class LocalTransport(ExecTransport):
         stdin: BinaryIO | None,
         stdout: BinaryIO | None,
         deadline: float | None,
+        live: Tap | None = None,
     ) -> RawOutcome:
         outcome = run_process([_SHELL, "-c", script], stdin=stdin, stdout=stdout,
-                              deadline=deadline, own_group=True, host=self.host)
+                              deadline=deadline, own_group=True, host=self.host, live=live)
         if outcome.exit_code is None:
             return outcome
         # killed by a signal: as a shell reports it (128 + the signal's number)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddtree_deploy.errors import AuthError, HostKeyError, TransportError, UnreachableError
-from ddtree_deploy.transport.base import ExecTransport, RawOutcome
+from ddtree_deploy.transport.base import ExecTransport, RawOutcome, Tap
 from ddtree_deploy.transport.hostkeys import (
     PIN_ALIAS,
     HostKeyChangedError,
@@ -315,6 +315,7 @@ class OpenSshTransport(ExecTransport):
         stdin: BinaryIO | None,
         stdout: BinaryIO | None,
         deadline: float | None,
+        live: Tap | None = None,
     ) -> RawOutcome:
         if self._closed:
             raise TransportError(f"{self._where}: the connection was closed")
@@ -329,7 +330,7 @@ class OpenSshTransport(ExecTransport):
         # Killing the client at the deadline ends the session; the host's side is bounded by
         # the command's own timeout wrapper.
         outcome = run_process(argv, stdin=stdin, stdout=stdout, deadline=deadline,
-                              own_group=False, host=self.host)
+                              own_group=False, host=self.host, live=live)
         if outcome.exit_code == SSH_LOST:
             text = outcome.stderr.decode("utf-8", "replace")
             if "session request failed" in text or "Session open refused" in text:

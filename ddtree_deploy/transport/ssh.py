@@ -25,7 +25,7 @@ from ddtree_deploy.errors import (
     TransportError,
     UnreachableError,
 )
-from ddtree_deploy.transport.base import CHUNK, Capture, ExecTransport, RawOutcome
+from ddtree_deploy.transport.base import CHUNK, Capture, ExecTransport, RawOutcome, Tap
 from ddtree_deploy.transport.hostkeys import (
     HostKeyChangedError,
     KnownHosts,
@@ -264,6 +264,7 @@ class SshTransport(ExecTransport):
         stdin: BinaryIO | None,
         stdout: BinaryIO | None,
         deadline: float | None,
+        live: Tap | None = None,
     ) -> RawOutcome:
         transport = self._ensure()
         start = time.monotonic()
@@ -276,7 +277,7 @@ class SshTransport(ExecTransport):
             self._conn.client.close()
             raise TransportError(f"{self._where()}: cannot start a command: {exc}") from exc
         try:
-            return self._pump(chan, stdin, stdout, deadline, start)
+            return self._pump(chan, stdin, stdout, deadline, start, live)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self._where()}: connection failed mid-command: {exc}") from exc
         finally:
@@ -300,8 +301,10 @@ class SshTransport(ExecTransport):
         stdout: BinaryIO | None,
         deadline: float | None,
         start: float,
+        live: Tap | None = None,
     ) -> RawOutcome:
-        out, err = Capture(), Capture()
+        out = Capture(tap=None if live is None else lambda data: live("out", data))
+        err = Capture(tap=None if live is None else lambda data: live("err", data))
         feed_errors: list[BaseException] = []
         feeder = None
         if stdin is None:

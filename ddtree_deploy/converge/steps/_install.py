@@ -11,10 +11,9 @@ else from the uv wheel on the registry (`ensure_uv`, in `_install_uv.py`).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +24,9 @@ from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy import xdg
 from ddtree_deploy.converge.steps._install_uv import ensure_uv, remote_home
-from ddtree_deploy.errors import ConfigError, DeployError, RemoteCommandError
+from ddtree_deploy.errors import CommandTimeout, ConfigError, DeployError, RemoteCommandError
 from ddtree_deploy.transport import Command, ExecTransport
+from ddtree_deploy.transport.local import LocalTransport
 
 __all__ = [
     "Requirement",
@@ -138,7 +138,26 @@ def _save_manifest(folder: Path, data: dict[str, list[str]]) -> None:
     replace_file(folder / MANIFEST, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
-def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str]) -> list[str]:
+def here(beside: ExecTransport | None) -> LocalTransport:
+    """The workstation as a transport, for what a step runs here (pip download): its commands
+    are told to `beside`'s observers and listeners marked "(workstation)", with the same
+    values masked."""
+    local = LocalTransport("workstation")
+    if beside is not None:
+        local.observers = tuple(_marked(o) for o in beside.observers)
+        local.listeners = tuple(_marked(li) for li in beside.listeners)
+        local.redact = beside.redact
+    return local
+
+
+def _marked(hear: Callable[..., None]) -> Callable[..., None]:
+    return lambda command, *rest: hear(f"(workstation) {command}", *rest)
+
+
+def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str],
+                  beside: ExecTransport | None = None) -> list[str]:
+    # --progress-bar off: its bars are drawn for a terminal; what pip says line by line
+    # (Collecting, Downloading NAME (SIZE), Saved) is what apply shows while it runs
     argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:",
             "--python-version", version, "--implementation", "cp",
             "--dest", str(folder), "--progress-bar", "off", "--disable-pip-version-check"]
@@ -148,11 +167,11 @@ def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str]
         argv.append("--no-deps")
     argv.append(req.text)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT,
-                              check=False, env={**os.environ, "COLUMNS": "1000"})
-    except subprocess.TimeoutExpired:
+        proc = here(beside).run(Command(tuple(argv), env={"COLUMNS": "1000"}),
+                                timeout=PIP_TIMEOUT)
+    except CommandTimeout:
         raise DeployError(f"pip download {req.text} took over {PIP_TIMEOUT:g}s") from None
-    if proc.returncode != 0:
+    if proc.exit_code != 0:
         tail = "\n".join(("  | " + ln) for ln in proc.stderr.strip().splitlines()[-12:])
         raise DeployError(
             f"pip could not download {req.text} for CPython {version} "
@@ -177,13 +196,15 @@ def wheelhouse(
     python_version: str,
     glibc: str | None,
     cache: Path | None = None,
+    beside: ExecTransport | None = None,
 ) -> list[Path]:
     """The wheel files a host (CPython `python_version`, `glibc`) needs for `reqs`.
 
     Downloads with pip's own resolver for the target interpreter and platforms into
     <cache>/wheelhouse/cp3XX/ (cache: the XDG cache folder unless given). What each
     requirement resolved to is remembered there (index.json), so asking again runs
-    no pip and touches no network while the files are still in place.
+    no pip and touches no network while the files are still in place. pip's commands and
+    output are told as `beside`'s are (see `here`).
     """
     tag, version = _python_tag(python_version)
     plats = platform_tags(glibc)
@@ -195,7 +216,7 @@ def wheelhouse(
         key = f"{_parse(req.text)}|deps={req.deps}|python={version}|glibc={glibc}"
         names = manifest.get(key)
         if not names or not all((folder / n).is_file() for n in names):
-            names = _pip_download(req, folder, version, plats)
+            names = _pip_download(req, folder, version, plats, beside)
             manifest[key] = names
             _save_manifest(folder, manifest)
         out += [folder / n for n in names if folder / n not in out]

@@ -19,6 +19,7 @@ from packaging.requirements import Requirement as Pep508
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from ddtree_deploy.converge.steps import _install as installer
+from ddtree_deploy.transport import ExecTransport
 
 MAX_WHEELS = 200
 
@@ -45,7 +46,8 @@ def requires(wheel: Path, python_version: str) -> list[str]:
 
 
 def closure(root: str, have: dict[str, str], owned: Callable[[str], bool], *,
-            python_version: str, glibc: str | None) -> list[Path]:
+            python_version: str, glibc: str | None,
+            beside: ExecTransport | None = None) -> list[Path]:
     """Wheels to install for `root` and the dependencies it still lacks."""
     todo: list[str] = [root]
     seen: set[str] = set()
@@ -57,7 +59,8 @@ def closure(root: str, have: dict[str, str], owned: Callable[[str], bool], *,
             continue
         seen.add(name)
         wheels = installer.wheelhouse([installer.Requirement(text, deps=False)],
-                                      python_version=python_version, glibc=glibc)
+                                      python_version=python_version, glibc=glibc,
+                                      beside=beside)
         files += wheels
         for wheel in wheels:
             todo += requires(wheel, python_version)

@@ -77,10 +77,10 @@ def act(ctx: Acting, step: Step) -> None:
     if p.deps:
         wheels = closure(p.requirement, have,
                          lambda n: lane_.includes(n) or lane_.supersedes_name(n),
-                         python_version=pyver, glibc=now.host_info.glibc)
+                         python_version=pyver, glibc=now.host_info.glibc, beside=ctx.t)
     else:
         wheels = wheelhouse([Requirement(p.requirement, False)],
-                            python_version=pyver, glibc=now.host_info.glibc)
+                            python_version=pyver, glibc=now.host_info.glibc, beside=ctx.t)
     install(ctx.t, p.venv, pinned(wheels), wheels, sudo=ctx.host.use_sudo)
     if adds_library_folders(wheels):
         ctx.facts.stale()  # new nvidia/*/lib folders: the unit's LD_LIBRARY_PATH must see them

@@ -1,0 +1,165 @@
+"""What apply shows on stderr while it runs, and its summary's per-step seconds.
+
+On a terminal: a live status line per host (its step, the seconds it has run, the last
+line its command printed) with the lane copy's byte bars under it, redrawn in place; each
+step is said as a line when it begins and when it ends (`host: KIND TITLE done in 12.3s`).
+Elsewhere (a pipe, a log file): those lines only, plain: no bars, no control codes.
+-v adds each command sent (`host: $ COMMAND (exit 0, 1.2s)`), -vv the lines it prints as
+they come (`host:   err| LINE`), whole but for lines cut at LINE_SHOWN characters. Secret
+values are masked by the transport before anything reaches this module.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ddtree_deploy.cli.text import plain
+
+if TYPE_CHECKING:
+    from rich.console import Console, ConsoleOptions, RenderResult
+
+    from ddtree_deploy.converge.runner import HostRun
+    from ddtree_deploy.converge.steps import Step
+    from ddtree_deploy.overlay.progress import RichProgress
+    from ddtree_deploy.transport.base import Observer
+    from ddtree_deploy.transport.live import Listener
+
+LINE_SHOWN = 400  # -vv: a longer output line (a script's JSON answer) is cut here
+
+
+def seconds(value: float) -> str:
+    """A duration as the summary says it: 0.4s, 12.3s, 4m05s."""
+    if value < 60:
+        return f"{value:.1f}s"
+    m, s = divmod(int(round(value)), 60)
+    return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m{s:02d}s"
+
+
+class _Status:
+    def __init__(self, text: str, started: float) -> None:
+        self.text = text
+        self.started = started
+        self.last = ""
+
+
+class ApplyView:
+    """apply's `Watch` (converge/runner.py), its -v observer and its output listener. Use as a
+    context: on a terminal it draws the live part while open."""
+
+    def __init__(self, console: Console, *, verbose: int, terminal: bool,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._con = console
+        self._clock = clock
+        self.verbose = verbose
+        self.terminal = terminal
+        self._lock = threading.Lock()
+        self._status: dict[str, _Status] = {}
+        self._live: Any = None
+        self._bars: Any = None
+        self.progress: RichProgress | None = None  # the lane copy's bars (a terminal only)
+
+    def __enter__(self) -> ApplyView:
+        if self.terminal:
+            from rich.live import Live
+
+            from ddtree_deploy.overlay.progress import RichProgress, byte_bars
+
+            self._bars = byte_bars(self._con)
+            self.progress = RichProgress(self._con, drawn=self._bars)
+            self._live = Live(get_renderable=self.live_part, console=self._con,
+                              refresh_per_second=4,
+                              transient=True, redirect_stdout=sys.stdout.isatty(),
+                              redirect_stderr=False)
+            self._live.start()
+        return self
+
+    def live_part(self) -> Any:
+        """What is redrawn in place on a terminal: the status lines, then the bars."""
+        from rich.console import Group
+
+        return Group(self, *(() if self._bars is None else (self._bars,)))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def say(self, line: str) -> None:
+        """One line of text (host text: never markup), above the live part on a terminal."""
+        self._con.print(plain(line), markup=False, highlight=False, soft_wrap=True)
+
+    # -- Watch ----------------------------------------------------------------
+
+    def began(self, host: str, step: Step, text: str) -> None:
+        with self._lock:
+            self._status[host] = _Status(f"{step.kind} {step.title}", self._clock())
+        self.say(f"{host}: {text}")
+
+    def ended(self, host: str, step: Step, seconds_: float, ok: bool) -> None:
+        with self._lock:
+            self._status.pop(host, None)
+        if self.progress is not None:
+            self.progress.drop(host)
+        how = "done" if ok else "failed"
+        self.say(f"{host}: {step.kind} {step.title} {how} in {seconds(seconds_)}")
+
+    # -- what the transport tells -----------------------------------------------
+
+    def observer(self, host: str) -> Observer:
+        """-v: each command as it ends, with its exit and seconds."""
+
+        def shown(command: str, code: int | None, took: float, _out: str, _err: str) -> None:
+            exit_ = "killed at its deadline" if code is None else f"exit {code}"
+            self.say(f"{host}: $ {command} ({exit_}, {took:.1f}s)")
+
+        return shown
+
+    def listener(self, host: str) -> Listener:
+        """Each line a command prints: -vv shows it; on a terminal the status line keeps
+        the last one."""
+
+        def heard(_command: str, stream: str, line: str) -> None:
+            if len(line) > LINE_SHOWN:
+                line = f"{line[:LINE_SHOWN]} [... {len(line) - LINE_SHOWN} more characters]"
+            with self._lock:
+                status = self._status.get(host)
+                if status is not None:
+                    status.last = line
+            if self.verbose >= 2:
+                self.say(f"{host}:   {stream}| {line}")
+
+        return heard
+
+    def listeners(self, host: str) -> tuple[Listener, ...]:
+        """What the host's transport tells as output comes: nobody at default verbosity off a
+        terminal (nothing is shown of it there)."""
+        return (self.listener(host),) if self.terminal or self.verbose >= 2 else ()
+
+    # -- the live part --------------------------------------------------------------
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.text import Text
+
+        with self._lock:
+            shown = [(h, s.text, self._clock() - s.started, s.last)
+                     for h, s in sorted(self._status.items())]
+        for host, text, took, last in shown:
+            line = Text(plain(f"{host}: {text} ({took:.0f}s)"), no_wrap=True,
+                        overflow="ellipsis")
+            if last:
+                line.append(plain(f"  {last.strip()}"), style="dim")
+            yield line
+
+
+def summary(run: HostRun) -> list[str]:
+    """Each step's seconds, then the total: the lines under a converged host."""
+    width = max((len(kind) for kind, _t, _s in run.timings), default=0)
+    lines = [f"  {seconds(took):>8}  {kind:<{width}}  {title}"
+             for kind, title, took in run.timings]
+    if run.timings:
+        lines.append(f"  {seconds(run.total_s):>8}  in all")
+    return lines

@@ -1,0 +1,229 @@
+"""What apply shows while it runs (issue 31: minutes of silence during the lane copy and the
+installs): each step as it begins and ends with its seconds; on a terminal a live status line
+per host (step, seconds so far, the last line its command printed) and the lane copy's bars;
+off a terminal plain lines, no control codes; -v the commands, -vv their output as it comes;
+the summary's per-step seconds; secrets masked in all of it."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from ddtree_deploy.cli.applyview import LINE_SHOWN, ApplyView, seconds, summary
+from ddtree_deploy.converge.runner import HostRun
+from ddtree_deploy.converge.steps import Step
+from ddtree_deploy.transport.live import Lines
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # ESC, CR, ...: none off a terminal
+
+STEP = Step("package.install", "ct200", "sglang-ddtree", "sglang==0.5.9", "")
+LANE = Step("lane.overlay", "ct200", "sglang-ddtree", "CUDA lane cu130", "")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=terminal, width=120, color_system=None
+                   if not terminal else "standard"), buf
+
+
+def test_off_a_terminal_each_step_is_a_plain_line_with_its_seconds() -> None:
+    con, buf = _console(False)
+    with ApplyView(con, verbose=0, terminal=False) as view:
+        assert view.progress is None  # no bars into a log file
+        assert view.listeners("ct200") == ()  # nothing of the output is shown: none heard
+        view.began("ct200", STEP, "package.install: sglang==0.5.9 — uv pip install")
+        view.ended("ct200", STEP, 12.34, ok=True)
+        view.began("ct200", LANE, "lane.overlay: CUDA lane cu130")
+        view.ended("ct200", LANE, 185.0, ok=False)
+    assert buf.getvalue().splitlines() == [
+        "ct200: package.install: sglang==0.5.9 — uv pip install",
+        "ct200: package.install sglang==0.5.9 done in 12.3s",
+        "ct200: lane.overlay: CUDA lane cu130",
+        "ct200: lane.overlay CUDA lane cu130 failed in 3m05s",
+    ]
+    assert not CONTROL.search(buf.getvalue())
+
+
+def test_on_a_terminal_a_status_line_shows_the_step_its_seconds_and_last_output() -> None:
+    con, _ = _console(True)
+    clock = Clock()
+    view = ApplyView(con, verbose=0, terminal=True, clock=clock)
+    (heard,) = view.listeners("ct200")  # the status line keeps the last line printed
+    view.began("ct200", STEP, "package.install: sglang==0.5.9")
+    heard("uv pip install ...", "err", "Prepared 3 packages in 2.10s")
+    clock.now += 42
+    shot, out = _console(False)
+    shot.print(view)
+    assert out.getvalue() == ("ct200: package.install sglang==0.5.9 (42s)  "
+                              "Prepared 3 packages in 2.10s\n")
+    view.ended("ct200", STEP, 42.0, ok=True)
+    shot.print(view)
+    assert out.getvalue().count("\n") == 1  # the step ended: its status line is gone
+
+
+def test_on_a_terminal_the_lane_copy_gets_bars_drawn_in_the_live_part() -> None:
+    con, _ = _console(True)
+    shot, out = _console(False)
+    with ApplyView(con, verbose=0, terminal=True) as view:
+        assert view.progress is not None
+        view.began("ct200", LANE, "lane.overlay: CUDA lane cu130")
+        task = view.progress.begin("ct200", "push", 1000)
+        view.progress.advance(task, 500)
+        shot.print(view.live_part())
+        drawn = out.getvalue()
+        view.ended("ct200", LANE, 1.0, ok=True)  # the host's bars go with its step
+        shot.print(view.live_part())
+    assert drawn.startswith("ct200: lane.overlay CUDA lane cu130 (0s)\nct200 push ")
+    assert "0.5/1.0 kB" in drawn
+    assert out.getvalue()[len(drawn):].strip() == ""
+
+
+def test_v_shows_each_command_and_vv_its_output_line_by_line() -> None:
+    con, buf = _console(False)
+    view = ApplyView(con, verbose=2, terminal=False)
+    view.observer("ct200")("uv pip install x", 0, 1.25, "ignored", "ignored")
+    view.observer("ct200")("sleep 9", None, 9.0, "", "")
+    (heard,) = view.listeners("ct200")
+    heard("uv pip install x", "err", "Installed 3 packages in 40ms")
+    heard("python3 - ", "out", "x" * (LINE_SHOWN + 10))
+    lines = buf.getvalue().splitlines()
+    assert lines[:3] == ["ct200: $ uv pip install x (exit 0, 1.2s)",
+                         "ct200: $ sleep 9 (killed at its deadline, 9.0s)",
+                         "ct200:   err| Installed 3 packages in 40ms"]
+    assert lines[3] == f"ct200:   out| {'x' * LINE_SHOWN} [... 10 more characters]"
+    quiet, qbuf = _console(False)
+    (heard,) = ApplyView(quiet, verbose=1, terminal=True).listeners("ct200")
+    heard("c", "err", "not shown at -v")  # on a terminal: for the status line only
+    assert qbuf.getvalue() == ""
+
+
+def test_host_text_is_never_markup_nor_control_codes() -> None:
+    con, buf = _console(False)
+    view = ApplyView(con, verbose=2, terminal=False)
+    (heard,) = view.listeners("ct200")
+    heard("c", "err", "[bold]x[/bold] \x1b[31mred")
+    assert buf.getvalue() == "ct200:   err| [bold]x[/bold] \\x1b[31mred\n"
+
+
+def test_the_summary_gives_each_steps_seconds_and_the_total() -> None:
+    run = HostRun("ct200", timings=[("venv.create", "/root/venv", 4.0),
+                                    ("lane.overlay", "CUDA lane cu130", 190.2),
+                                    ("service.probe", "sglang-ddtree", 31.5)], total_s=230.0)
+    assert summary(run) == [
+        "      4.0s  venv.create    /root/venv",
+        "     3m10s  lane.overlay   CUDA lane cu130",
+        "     31.5s  service.probe  sglang-ddtree",
+        "     3m50s  in all",
+    ]
+    assert summary(HostRun("ct200")) == []
+    assert [seconds(s) for s in (0.04, 59.94, 60.0, 3725.0)] == ["0.0s", "59.9s", "1m00s",
+                                                                "1h02m05s"]
+
+
+def test_lines_are_cut_where_they_end_and_secrets_masked_across_chunks() -> None:
+    heard: list[tuple[str, str, str]] = []
+    lines = Lines("cmd", {"hunter2"}, (lambda c, s, ln: heard.append((c, s, ln)),))
+    for chunk in (b"Downloading x (1.0 MB)\r 50%", b"\r100%\nkey hun", b"ter2 ok\n", b"tail"):
+        lines.feed("err", chunk)
+    lines.feed("out", b"answer\n")
+    lines.flush()
+    assert heard == [("cmd", "err", "Downloading x (1.0 MB)"), ("cmd", "err", " 50%"),
+                     ("cmd", "err", "100%"), ("cmd", "err", "key *** ok"),
+                     ("cmd", "out", "answer"), ("cmd", "err", "tail")]
+
+
+def test_a_line_that_never_ends_is_told_in_pieces_without_cutting_a_secret() -> None:
+    from ddtree_deploy.transport.live import LINE_MAX
+
+    heard: list[str] = []
+    lines = Lines("cmd", {"s3cr3t"}, (lambda c, s, ln: heard.append(ln),))
+    lines.feed("err", b"a" * (LINE_MAX - 3) + b"s3cr3t" + b"b" * LINE_MAX * 2)
+    lines.flush()
+    assert "".join(heard) == "a" * (LINE_MAX - 3) + "***" + "b" * LINE_MAX * 2
+    assert len(heard) >= 3 and all(len(h) <= LINE_MAX + 10 for h in heard)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_nothing_of_the_view_needs_rich_markup(terminal: bool) -> None:
+    con, buf = _console(terminal)
+    with ApplyView(con, verbose=1, terminal=terminal) as view:
+        view.began("h[/x]", STEP, "[/red] text")
+        view.ended("h[/x]", STEP, 1.0, ok=True)
+    assert "h[/x]: [/red] text" in buf.getvalue()
+
+
+@pytest.mark.integration  # commands run through LocalTransport
+def test_the_transport_tells_each_line_while_the_command_still_runs() -> None:
+    """The command prints a line, then waits for its input: it ends only because the listener,
+    told of that line while it runs, answers (a listener told at the end would never be; the
+    command's own timeout would fail the test, not hang it)."""
+    import os
+
+    from ddtree_deploy.transport import Command
+    from ddtree_deploy.transport.local import LocalTransport
+
+    read_fd, write_fd = os.pipe()
+    heard: list[tuple[str, str, str]] = []
+
+    def listen(command: str, stream: str, line: str) -> None:
+        heard.append((command, stream, line))
+        if line == "waiting":
+            os.write(write_fd, b"go\n")
+            os.close(write_fd)
+
+    t = LocalTransport("ct200")
+    t.listeners = (listen,)
+    with os.fdopen(read_fd, "rb") as stdin:
+        result = t.run_stream_in(Command.of("sh", "-c", 'echo waiting >&2; read x; echo "got $x"'),
+                                 stdin, timeout=60)
+    assert result.ok and result.stdout == "got go\n"  # collected as ever
+    assert [(s, ln) for _c, s, ln in heard] == [("err", "waiting"), ("out", "got go")]
+
+
+@pytest.mark.integration
+def test_secrets_are_masked_in_what_listeners_observers_and_errors_get() -> None:
+    """The command's own secrets and the values apply masks on every command of the host
+    (the deployments' API key and HF token: `redact`)."""
+    from ddtree_deploy.errors import RemoteCommandError
+    from ddtree_deploy.transport import Command
+    from ddtree_deploy.transport.local import LocalTransport
+
+    heard: list[str] = []
+    seen: list[tuple[str, str, str]] = []
+    t = LocalTransport("ct200")
+    t.listeners = (lambda c, s, ln: heard.append(f"{c} {s}| {ln}"),)
+    t.observers = (lambda c, code, took, out, err: seen.append((c, out, err)),)
+    t.redact = frozenset({"hf_TOKENVALUE", "sk-APIKEY"})
+    result = t.run(Command.of("sh", "-c", 'echo "$0 hf_TOKENVALUE"; echo "sk-APIKEY" >&2; exit 2',
+                              "pw-own", secrets=frozenset({"pw-own"})))
+    everything = " ".join(heard) + repr(seen) + result.command
+    for secret in ("hf_TOKENVALUE", "sk-APIKEY", "pw-own"):
+        assert secret not in everything
+    assert "*** ***" in " ".join(heard) and "err| ***" in " ".join(heard)
+    with pytest.raises(RemoteCommandError) as failed:
+        result.check()
+    assert "sk-APIKEY" not in str(failed.value) and "***" in str(failed.value)
+
+
+@pytest.mark.integration
+def test_a_streamed_stdout_is_data_never_told_as_lines() -> None:
+    from ddtree_deploy.transport import Command
+    from ddtree_deploy.transport.local import LocalTransport
+
+    heard: list[str] = []
+    t = LocalTransport()
+    t.listeners = (lambda c, s, ln: heard.append(s + ln),)
+    sink = io.BytesIO()
+    t.run_stream_out(Command.of("sh", "-c", "echo tar-bytes; echo note >&2"), sink)
+    assert sink.getvalue() == b"tar-bytes\n" and heard == ["errnote"]
