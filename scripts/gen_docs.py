@@ -4,8 +4,9 @@
   settings/model.py): its type, default and whether it is required;
 - docs/commands.md: every built-in command, from the CLI typer builds: its help, its
   arguments and options with their labels, help and defaults;
-- docs/troubleshooting.md: every crash signature the probe knows (health/signatures.py),
-  keyed by its id and the log text it matches, with what it means and the fix.
+- docs/troubleshooting.md (scripts/gen_troubleshooting.py): exit codes and common error
+  messages, every doctor finding id of the rules, every crash signature the probe knows
+  (health/signatures.py), each with what it means and the fix.
 
     .venv/bin/python scripts/gen_docs.py          # write them
     .venv/bin/python scripts/gen_docs.py --check  # exit 1 when a page is out of date
@@ -21,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from gen_troubleshooting import troubleshooting  # noqa: E402
 
 HOSTS_YAML = ROOT / "docs" / "hosts-yaml.md"
 COMMANDS = ROOT / "docs" / "commands.md"
@@ -158,27 +162,6 @@ def commands() -> str:
             walk(command.commands[sub], [*path, sub])
 
     walk(root, [])
-    return "".join(out)
-
-
-def troubleshooting() -> str:
-    from ddtree_deploy.health.signatures import SIGNATURES
-
-    out = [GENERATED, "# Troubleshooting: SGLang crash signatures\n\n",
-           "`probe`, `service up`, `apply` and `bench` read the server's log (the journal, or "
-           "the log file in plain mode) for these lines. Find the text your log shows (the "
-           "pattern is a regular expression matched against one line), or the id the tool "
-           "printed (`probe --json`: `diagnosis[].id`). `{host}`, `{deployment}`, `{venv}`, "
-           "`{port}`, `{lane}` in a remedy are filled in when the tool prints it. A fatal "
-           "signature ends the probe at once; a warning only explains a failure.\n"]
-    for sig in SIGNATURES:
-        kind = "fatal" if sig.fatal else "warning"
-        out.append(f"\n## `{sig.id}` ({kind})\n\n")
-        out.append(f"Log line: `{sig.pattern}`" + (" (any case)" if sig.ignore_case else "")
-                   + "\n\n")
-        out.append(f"What it means: {' '.join(sig.diagnosis.split())}\n\n")
-        out.append(f"Fix: {' '.join(sig.remedy.split())}\n\n")
-        out.append(f"Where the text comes from: {' '.join(sig.source.split())}\n")
     return "".join(out)
 
 

@@ -38,12 +38,80 @@ def test_every_schema_field_is_in_the_hosts_yaml_reference() -> None:
                 assert f"| `{name}` |" in text, (model.__name__, name)
 
 
+def _troubleshooting() -> ModuleType:
+    _gen()  # puts scripts/ on the path
+    import gen_troubleshooting
+
+    return gen_troubleshooting
+
+
+def _page() -> str:
+    return (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+
+
 def test_every_crash_signature_is_in_troubleshooting() -> None:
     from ddtree_deploy.health.signatures import SIGNATURES
 
-    text = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    text = _page()
     for sig in SIGNATURES:
-        assert f"## `{sig.id}`" in text and f"`{sig.pattern}`" in text, sig.id
+        assert f'<a id="{sig.id}"></a>\n### `{sig.id}`' in text and f"`{sig.pattern}`" in text, \
+            sig.id
+    for pid, _, _ in _troubleshooting().probe_diagnoses():
+        assert f'<a id="{pid}"></a>' in text, pid
+
+
+def test_every_doctor_finding_id_has_an_entry() -> None:
+    """A rule with a new finding id fails here until troubleshooting_text.DOCTOR explains it
+    (and an entry whose id no rule makes any more fails too)."""
+    gen = _troubleshooting()
+    from troubleshooting_text import DOCTOR
+
+    ids = [check.id for check in gen.doctor_checks()]
+    assert len(ids) >= 35 and "venv.lane-mix" in ids and "deploy.sglang-missing" in ids
+    assert "model.*-config-missing" in ids  # an f-string id, its varying part as *
+    assert sorted(set(ids) - DOCTOR.keys()) == [], "no entry in scripts/troubleshooting_text.py"
+    assert sorted(DOCTOR.keys() - set(ids)) == [], "an entry for an id no rule makes"
+    text = _page()
+    for fid in ids:
+        assert f'<a id="{fid}"></a>\n### `{fid}`' in text, fid
+
+
+def test_findings_are_made_only_where_the_page_reads_them() -> None:
+    """doctor_checks() reads ddtree_deploy/rules/: a Finding made elsewhere would be missed."""
+    import ast
+
+    elsewhere = []
+    for path in (ROOT / "ddtree_deploy").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" \
+                    and path.parent.name != "rules":
+                elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert elsewhere == []
+
+
+def _literals() -> list[str]:
+    """Every string literal of the tool's source, f-strings' fixed parts one by one."""
+    import ast
+
+    out: list[str] = []
+    for path in (ROOT / "ddtree_deploy").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append(node.value)
+    return out
+
+
+def test_every_error_text_of_troubleshooting_is_the_tools() -> None:
+    _gen()
+    from troubleshooting_text import ERRORS
+
+    literals = _literals()
+    text = _page()
+    assert len(ERRORS) >= 12
+    for message, code, _, _ in ERRORS:
+        assert any(message in literal for literal in literals), f"no longer in the code: {message}"
+        assert f"### `{message}` (exit {code})" in text
+    assert "2 > 1 > 3 > 4 > 0" in text and "| head" in text
 
 
 def test_every_command_is_in_the_command_reference() -> None:

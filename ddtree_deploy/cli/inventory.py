@@ -14,6 +14,7 @@ from ddtree_deploy.transport.fanout import exit_code
 
 out = console()
 err = console(stderr=True)
+TROUBLESHOOTING = "docs/troubleshooting.md"  # keyed by finding id (scripts/gen_troubleshooting.py)
 
 REFRESH = typer.Option(False, "--refresh", help="gather new facts even when cached ones are fresh")
 MAX_AGE = typer.Option(DEFAULT_MAX_AGE_S, "--max-age", min=0,
@@ -118,5 +119,9 @@ def doctor(
         show(out, findings_table(spec.name, venv, findings), wide=wide)
         for line in remedies(findings):
             out.print(line, soft_wrap=True)
+        shown = [f.id for f in findings if f.severity != "info"]
+        if shown:  # on stderr: a pipe reading the findings gets only them
+            err.print(f"each id explained: {TROUBLESHOOTING}#{shown[0]} (and the others there)",
+                      markup=False, highlight=False, soft_wrap=True)
     if any(f.severity == "error" for f in findings):
         raise typer.Exit(int(ExitCode.FAILED))

@@ -182,6 +182,7 @@ def _render_verdict(unit: str, verdict: Any) -> None:
         if m.line.strip():  # a signature's log line (the probe's own hints have none)
             out.print(plain(f"    log: {m.line.strip()}"), markup=False, highlight=False)
         out.print(f"    fix: {m.remedy}", markup=False, highlight=False)
+        out.print(f"    more: docs/troubleshooting.md#{m.id}", markup=False, highlight=False)
     from_log = any(m.line.strip() for m in verdict.diagnosis)
     if verdict.status != "healthy" and not from_log and verdict.log_tail:
         out.print("  last log lines:")
