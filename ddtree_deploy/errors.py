@@ -20,19 +20,34 @@ class ExitCode(IntEnum):
 
 
 class DeployError(Exception):
-    """Root of every error the tool raises on purpose."""
+    """Root of every error the tool raises on purpose. `output`: what the command that failed
+    printed on stderr, whole but bounded (its message keeps a few lines of it), for
+    `apply -vv` and `--debug` (see output_of)."""
 
     exit_code: ExitCode = ExitCode.FAILED
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, output: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.output = output
 
     def __str__(self) -> str:
         if self.hint:
             return f"{self.message}\n  hint: {self.hint}"
         return self.message
+
+
+def output_of(exc: BaseException) -> str:
+    """The `output` of the error or of the first error it was raised from that has one."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, DeployError) and at.output:
+            return at.output
+        at = at.__cause__ or at.__context__
+    return ""
 
 
 class ConfigError(DeployError):

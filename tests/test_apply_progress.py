@@ -12,7 +12,7 @@ import re
 import pytest
 from rich.console import Console
 
-from ddtree_deploy.cli.applyview import LINE_SHOWN, ApplyView, seconds, summary
+from ddtree_deploy.cli.applyview import LINE_SHOWN, ApplyView, failure_output, seconds, summary
 from ddtree_deploy.converge.runner import HostRun
 from ddtree_deploy.converge.steps import Step
 from ddtree_deploy.transport.live import Lines
@@ -227,3 +227,77 @@ def test_a_streamed_stdout_is_data_never_told_as_lines() -> None:
     sink = io.BytesIO()
     t.run_stream_out(Command.of("sh", "-c", "echo tar-bytes; echo note >&2"), sink)
     assert sink.getvalue() == b"tar-bytes\n" and heard == ["errnote"]
+
+
+# -- the failed command's stderr, whole (apply -vv, --debug) ------------------------------
+
+
+def _failed(stderr: str, secrets: frozenset[str] = frozenset()) -> object:
+    from ddtree_deploy.transport.base import Result
+
+    return Result("venv_clone.py", 1, "", stderr, 0.5, host="ct200", secrets=secrets)
+
+
+def test_a_script_failure_says_three_lines_and_carries_its_whole_stderr() -> None:
+    from ddtree_deploy.errors import DeployError, output_of
+    from ddtree_deploy.remote.runner import failure
+
+    stderr = "\n".join(f"Traceback line {i}" for i in range(40)) + "\nOSError: disk full key=k3y"
+    result = _failed(stderr, frozenset({"k3y"}))
+    error = failure(result, "venv clone")  # type: ignore[arg-type]
+    assert "Traceback line 0" not in error.message  # the message keeps the last lines
+    with pytest.raises(DeployError) as caught:
+        try:
+            raise error
+        except DeployError as exc:  # as the runner wraps a step's failure
+            raise DeployError(f"ct200: step 'venv.create' failed: {exc.message}") from exc
+    wrapped = caught.value
+    whole = output_of(wrapped)
+    assert whole.splitlines()[0] == "Traceback line 0" and len(whole.splitlines()) == 41
+    assert whole.endswith("OSError: disk full key=***")
+    assert failure_output("ct200", wrapped)[:2] == ["ct200: the failed command's stderr:",
+                                                    "ct200:   err| Traceback line 0"]
+    assert failure_output("ct200", DeployError("no command behind it")) == []
+
+
+def test_a_failed_commands_stderr_is_bounded_and_says_what_it_left_out() -> None:
+    from ddtree_deploy.errors import RemoteCommandError
+    from ddtree_deploy.transport.base import OUTPUT_CHARS, OUTPUT_LINES
+
+    many = "\n".join(f"line {i}" for i in range(OUTPUT_LINES + 50))
+    with pytest.raises(RemoteCommandError) as e:
+        _failed(many).check()  # type: ignore[attr-defined]
+    lines = e.value.output.splitlines()
+    assert lines[0] == "[... 50 earlier lines left out ...]" and lines[1] == "line 50"
+    assert len(lines) == OUTPUT_LINES + 1 and lines[-1] == f"line {OUTPUT_LINES + 49}"
+    wide = "\n".join("y" * 1000 for _ in range(100))
+    with pytest.raises(RemoteCommandError) as e:
+        _failed(wide).check()  # type: ignore[attr-defined]
+    kept = e.value.output.split("\n", 1)[1]
+    assert len(kept) <= OUTPUT_CHARS and set(kept.splitlines()) == {"y" * 1000}
+    left = 100 - len(kept.splitlines())
+    assert e.value.output.startswith(f"[... {left} earlier lines left out ...]\n")
+
+
+def test_debug_adds_the_failed_commands_whole_stderr(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan whose facts script failed: the message keeps three lines, --debug all of it
+    (host text escaped)."""
+    from ddtree_deploy.cli import app as cli
+    from ddtree_deploy.converge import runner
+    from ddtree_deploy.remote.runner import failure
+    from ddtree_deploy.resources import embedded_hosts_file
+
+    stderr = "\n".join(f"trace {i}" for i in range(10)) + "\n\x1b[31mboom"
+
+    def fails(*_a: object, **_k: object) -> None:
+        raise failure(_failed(stderr), "facts probe")  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "make_plan", fails)
+    hosts = str(embedded_hosts_file())
+    for debug in ((), ("--debug",)):
+        with pytest.raises(SystemExit):
+            cli.main(["--hosts", hosts, "plan", "ct200", *debug])
+        err = capsys.readouterr().err
+        assert "trace 9" in err and ("trace 0" in err) == bool(debug)
+        assert "\x1b" not in err

@@ -289,7 +289,13 @@ def main(argv: "list[str] | None" = None) -> None:
             if _wants_debug(args):
                 import traceback
 
-                sys.stderr.write("".join(traceback.format_exception(exc)))
+                from ddtree_deploy.cli.text import plain
+                from ddtree_deploy.errors import output_of
+
+                # host text in the messages: escaped, as everywhere
+                sys.stderr.write(plain("".join(traceback.format_exception(exc))))
+                if output := output_of(exc):  # the failed command's stderr, whole (bounded)
+                    sys.stderr.write(plain(f"the failed command's stderr:\n{output}\n"))
             _report(exc, code, _wants_json(args))
         except OSError as lost:
             _output_lost(lost)

@@ -155,6 +155,18 @@ class ApplyView:
             yield line
 
 
+def failure_output(host: str, exc: BaseException) -> list[str]:
+    """-vv under a failed host: what the command that failed printed on stderr, whole (as
+    bounded by Result.error_output), where the error's message keeps only its last lines."""
+    from ddtree_deploy.errors import output_of
+
+    text = output_of(exc)
+    if not text:
+        return []
+    return [f"{host}: the failed command's stderr:",
+            *(f"{host}:   err| {line}" for line in text.splitlines())]
+
+
 def summary(run: HostRun) -> list[str]:
     """Each step's seconds, then the total: the lines under a converged host."""
     width = max((len(kind) for kind, _t, _s in run.timings), default=0)

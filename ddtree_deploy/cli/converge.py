@@ -156,7 +156,7 @@ def apply(
     seconds; on a terminal a live status line and the lane copy's bars), the summary gives
     each step's seconds. Each host's run is logged under the state folder (runs/*.jsonl,
     mode 0600: who, when, each command, its exit and seconds, each step)."""
-    from ddtree_deploy.cli.applyview import ApplyView, summary
+    from ddtree_deploy.cli.applyview import ApplyView, failure_output, summary
     from ddtree_deploy.converge.runlog import RunLog
     from ddtree_deploy.converge.runner import HostRun, apply_host, make_plan
     from ddtree_deploy.converge.steps import Plan, Step
@@ -239,6 +239,9 @@ def apply(
                 out.print(plain(line), markup=False, highlight=False)
         else:
             out.print(f"[red]{esc(o.host)}: failed[/red]: {esc(o.error)}", highlight=False)
+            if verbose >= 2 and o.error is not None:  # -vv: the failed command's whole stderr
+                for line in failure_output(o.host, o.error):
+                    view.say(line)
     code = exit_code(outcomes)
     if code:
         raise typer.Exit(int(code))

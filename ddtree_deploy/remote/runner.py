@@ -25,7 +25,7 @@ from ddtree_deploy.errors import CommandTimeout, ExitCode, RemoteCommandError
 from ddtree_deploy.transport.base import Result, Transport
 from ddtree_deploy.transport.command import Command
 
-STDERR_LINES = 3  # the tail of stderr kept in a message
+STDERR_LINES = 3  # the tail of stderr kept in a message (whole in .output: apply -vv)
 STDERR_CHARS = 600
 SHOWN_CHARS = 200  # of a last line that is not the answer
 
@@ -37,7 +37,8 @@ class RemoteScriptError(RemoteCommandError):
 
     def __init__(self, message: str, *, problem: str, result: Result | None = None,
                  hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(message, hint=hint,
+                         output=result.error_output() if result is not None else "")
         self.problem = problem
         self.result = result
 

@@ -22,6 +22,8 @@ from ddtree_deploy.transport.command import KILL_AFTER, Command, mask_secrets, w
 from ddtree_deploy.transport.live import Lines, Listener
 
 CHUNK = 256 * 1024
+OUTPUT_LINES = 400  # a failed command's stderr as an error carries it: its last lines ...
+OUTPUT_CHARS = 32_000  # ... and characters
 BACKSTOP = 3.0  # extra seconds the caller waits before giving up on the far side
 
 
@@ -50,7 +52,18 @@ class Result:
         message = f"{where}command exited {self.exit_code}: {self.command}"
         if tail:
             message += "\n" + "\n".join("  | " + line for line in tail.splitlines())
-        raise RemoteCommandError(message)
+        raise RemoteCommandError(message, output=self.error_output())
+
+    def error_output(self) -> str:
+        """Its stderr for an error to carry (`DeployError.output`): secrets masked, the last
+        OUTPUT_LINES lines and OUTPUT_CHARS characters, what was left out said."""
+        lines = mask_secrets(self.stderr, self.secrets).strip().splitlines()
+        kept = "\n".join(lines[-OUTPUT_LINES:])
+        cut = max(len(lines) - OUTPUT_LINES, 0)
+        if len(kept) > OUTPUT_CHARS:
+            cut += kept[:-OUTPUT_CHARS].count("\n") + 1
+            kept = kept[-OUTPUT_CHARS:].split("\n", 1)[-1]
+        return (f"[... {cut} earlier lines left out ...]\n" if cut else "") + kept
 
 
 def decode(data: bytes) -> str:

@@ -26,6 +26,7 @@ from ddtree_deploy import xdg
 from ddtree_deploy.converge.steps._install_uv import ensure_uv, remote_home
 from ddtree_deploy.errors import CommandTimeout, ConfigError, DeployError, RemoteCommandError
 from ddtree_deploy.transport import Command, ExecTransport
+from ddtree_deploy.transport.command import mask_secrets
 from ddtree_deploy.transport.local import LocalTransport
 
 __all__ = [
@@ -172,11 +173,13 @@ def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str]
     except CommandTimeout:
         raise DeployError(f"pip download {req.text} took over {PIP_TIMEOUT:g}s") from None
     if proc.exit_code != 0:
-        tail = "\n".join(("  | " + ln) for ln in proc.stderr.strip().splitlines()[-12:])
+        tail = "\n".join(("  | " + ln) for ln in mask_secrets(proc.stderr, proc.secrets)
+                         .strip().splitlines()[-12:])
         raise DeployError(
             f"pip could not download {req.text} for CPython {version} "
             f"({plats[-2] if len(plats) > 1 else 'pure Python'} and older):\n{tail}",
             hint=f"the workstation needs the registry, or put the wheels into {folder}",
+            output=proc.error_output(),
         )
     names: list[str] = []
     for line in proc.stdout.splitlines():
@@ -270,9 +273,10 @@ def _uv(t: ExecTransport, argv: list[str], what: str, *, sudo: bool) -> str:
     result = t.run(Command(tuple(argv), sudo=sudo), timeout=UV_TIMEOUT)
     output = (result.stdout + result.stderr).strip()
     if not result.ok:
-        tail = "\n".join("  | " + ln for ln in result.stderr.strip().splitlines()[-15:])
+        tail = "\n".join("  | " + ln for ln in mask_secrets(result.stderr, result.secrets)
+                         .strip().splitlines()[-15:])
         raise RemoteCommandError(f"{t.host}: uv could not {what} (exit {result.exit_code}):\n"
-                                 f"{tail}")
+                                 f"{tail}", output=result.error_output())
     return output
 
 
