@@ -63,6 +63,7 @@ class Result(BaseModel):
     format: Literal[1]
     phase: str  # one phase or several, comma-separated (rehearsal.phases.parse)
     elapsed_s: float | None = None
+    sglang: str | None = None  # the release the run served (rehearsal.run --sglang; 0.5.11 before)
     steps: dict[str, Step | ToolCall | str | dict[str, Any]] = Field(default_factory=dict)
     tool: dict[str, ToolCall] = Field(default_factory=dict)
     servers: dict[str, ServerRun] = Field(default_factory=dict)

@@ -253,3 +253,46 @@ def test_the_h200_call_validates_and_says_what_it_found() -> None:
     from request_params_table import table
 
     assert "verdict: PASS" in table(got.model_dump())
+
+
+def _call(name: str) -> Any:
+    from rehearsal import result
+
+    return result.load(str(ROOT / "benchmarks" / "results" / "rehearsal" / name))
+
+
+def test_session_7s_calls_validate_and_say_what_results_md_reports() -> None:
+    """Session 7's device calls 2 (SGLang 0.5.17 + the plugin) and 3 (0.5.11 + the patch set),
+    copied from the device's output (SYNTHETIC models): the numbers benchmarks/RESULTS.md quotes."""
+    plugin = _call("h200-s7-call2-sglang0517-correctness-request-params.json")
+    patch = _call("h200-s7-call3-sglang0511-request-params-perf8b.json")
+    assert (plugin.sglang, patch.sglang) == ("0.5.17", "0.5.11")
+    # 0.5.11: the phase passes; 0.5.17: it fails on the streamed refusals alone.
+    assert patch.checks["request-params/verdict"]["ok"] is True  # type: ignore[call-overload]
+    assert plugin.checks["request-params/verdict"]["ok"] is False  # type: ignore[call-overload]
+    for server in ("rp-ddtree15", "rp-ddtree31-nograph"):
+        rows = plugin.checks[f"request-params/{server}/refusals"]["rows"]  # type: ignore[call-overload]
+        for row in rows.values():
+            assert (row["generate"]["status"], row["v1"]["status"]) == (400, 400)
+            assert row["generate-stream"]["status"] == 200 and row["generate-stream"]["named"]
+        others = [k for k, v in plugin.checks.items()
+                  if k.startswith(f"request-params/{server}/") and not k.endswith("/refusals")]
+        assert others and all(plugin.checks[k]["ok"] for k in others), others  # type: ignore[call-overload]
+    # The DFLASH anchor: top-k beside unfiltered rows and penalties served wrong on both.
+    for got, z in ((patch, -23.9), (plugin, -24.6)):
+        mix = got.checks["request-params/rp-dflash/topk-mix"]["top_k 2"]  # type: ignore[call-overload]
+        assert round(mix["z"], 1) == z and mix["outside"] == 0
+        pen = got.checks["request-params/rp-dflash/penalty"]  # type: ignore[call-overload]
+        assert (pen["refused"], pen["served_wrong"]) == (0, 13)
+    assert patch.checks["request-params/rp-dflash/leaks"]["alive"] is False  # type: ignore[call-overload]
+    assert plugin.checks["request-params/rp-dflash/leaks"]["alive"] is True  # type: ignore[call-overload]
+    # 0.5.17 correctness: accept lengths as predicted, the mask-fault control caught.
+    for n, length in ((15, 3.81), (31, 4.71), (63, 5.56)):
+        acc = plugin.checks[f"accept/ddtree{n}-ladder"]  # type: ignore[call-overload]
+        assert acc["ok"] and round(acc["reported"]["spec_accept_length"], 2) == length
+    assert plugin.checks["lossless/ddtree15-alarm-maskfault"]["wrong"] == 40  # type: ignore[call-overload]
+    # Call 3's perf-8b (issue 28): DDTREE 15/8's bs 1 round and its host syncs a round.
+    assert patch.perf8b is not None
+    round_ms = patch.perf8b["timings"]["ddtree15-8b"]["batch1"]["round_ms_median"]
+    assert round(round_ms, 2) == 8.70
+    assert patch.perf8b["syncs"]["ddtree15-8b"] == {"syncs_per_round": 1.5, "limit": 2, "ok": True}
