@@ -45,11 +45,15 @@ def test_off_a_terminal_each_step_is_a_plain_line_with_its_seconds() -> None:
         view.began("ct200", STEP, "package.install: sglang==0.5.9 — uv pip install")
         view.ended("ct200", STEP, 12.34, ok=True)
         view.began("ct200", LANE, "lane.overlay: CUDA lane cu130")
+        for phase in ("backing-up", "backing-up", "checking", "checking"):  # polled each second
+            view.note("ct200", f"on the host: {phase}")
         view.ended("ct200", LANE, 185.0, ok=False)
     assert buf.getvalue().splitlines() == [
         "ct200: package.install: sglang==0.5.9 — uv pip install",
         "ct200: package.install sglang==0.5.9 done in 12.3s",
         "ct200: lane.overlay: CUDA lane cu130",
+        "ct200: on the host: backing-up",
+        "ct200: on the host: checking",
         "ct200: lane.overlay CUDA lane cu130 failed in 3m05s",
     ]
     assert not CONTROL.search(buf.getvalue())
@@ -76,16 +80,22 @@ def test_on_a_terminal_the_lane_copy_gets_bars_drawn_in_the_live_part() -> None:
     con, _ = _console(True)
     shot, out = _console(False)
     with ApplyView(con, verbose=0, terminal=True) as view:
-        assert view.progress is not None
+        bars = view.progress_for("ct200")
+        assert bars is not None
         view.began("ct200", LANE, "lane.overlay: CUDA lane cu130")
-        task = view.progress.begin("ct200", "push", 1000)
-        view.progress.advance(task, 500)
+        fetch = bars.begin("ct129", "fetch", 1000)  # the source's bar, for ct200's step
+        push = bars.begin("ct200", "push (streamed)", 1000)
+        for task in (fetch, push):
+            bars.advance(task, 500)
+        view.note("ct200", "on the host: checking")
         shot.print(view.live_part())
         drawn = out.getvalue()
         view.ended("ct200", LANE, 1.0, ok=True)  # the host's bars go with its step
         shot.print(view.live_part())
-    assert drawn.startswith("ct200: lane.overlay CUDA lane cu130 (0s)\nct200 push ")
-    assert "0.5/1.0 kB" in drawn
+    status, fetched, pushed = drawn.splitlines()
+    assert status == "ct200: lane.overlay CUDA lane cu130 (0s)  on the host: checking"
+    assert fetched.startswith("ct129 fetch ") and "0.5/1.0 kB" in fetched
+    assert pushed.startswith("ct200 push (streamed) ") and "0.5/1.0 kB" in pushed
     assert out.getvalue()[len(drawn):].strip() == ""
 
 

@@ -7,6 +7,7 @@ import datetime
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,12 +88,20 @@ def test_apply_gives_the_lane_copy_its_progress_bars(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(state / "cache"))  # BlobCache's folder
     seen: list[object] = []
-    monkeypatch.setattr(run, "run_overlay",
-                        lambda *a, **kw: seen.append(kw.get("progress")))
+    noted: list[str] = []
+
+    def overlay(*_a: object, **kw: Any) -> None:
+        seen.append(kw.get("progress"))
+        for status in ({"journal": {"phase": "checking"}}, {"journal": None}, {}):
+            kw["on_status"](status)  # the host's apply, polled: its phase to the status line
+
+    monkeypatch.setattr(run, "run_overlay", overlay)
     config = load_config(embedded_hosts_file())
     bars = CountingProgress()
-    ctx = Acting(config, config.host("ct200"), None, None, progress=bars)  # type: ignore[arg-type]
+    ctx = Acting(config, config.host("ct200"), None, None, progress=bars,  # type: ignore[arg-type]
+                 note=noted.append)
     step = Step("lane.overlay", "ct200", "sglang-ddtree", "cu130", "",
                 params=lane_overlay.LaneOverlay("/root/venv_sglang211", "cu130"))
     lane_overlay.act(ctx, step)
     assert seen == [bars]
+    assert noted == ["on the host: checking"]

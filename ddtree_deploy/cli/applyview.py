@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ddtree_deploy.converge.runner import HostRun
     from ddtree_deploy.converge.steps import Step
-    from ddtree_deploy.overlay.progress import RichProgress
+    from ddtree_deploy.overlay.progress import ProgressSink, RichProgress
     from ddtree_deploy.transport.base import Observer
     from ddtree_deploy.transport.live import Listener
 
@@ -37,6 +37,29 @@ def seconds(value: float) -> str:
         return f"{value:.1f}s"
     m, s = divmod(int(round(value)), 60)
     return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m{s:02d}s"
+
+
+class _StepBars:
+    """One host's bars (its lane copy's fetch from the source host too), taken off the
+    display when its step ends."""
+
+    def __init__(self, bars: RichProgress) -> None:
+        self._bars = bars
+        self.tasks: list[int] = []
+
+    def begin(self, host: str, what: str, total: int) -> int:
+        task = self._bars.begin(host, what, total)
+        self.tasks.append(task)
+        return task
+
+    def advance(self, task: int, nbytes: int) -> None:
+        self._bars.advance(task, nbytes)
+
+    def end(self, task: int) -> None:
+        self._bars.end(task)
+
+    def host(self, task: int) -> str:
+        return self._bars.host(task)
 
 
 class _Status:
@@ -60,6 +83,8 @@ class ApplyView:
         self._status: dict[str, _Status] = {}
         self._live: Any = None
         self._bars: Any = None
+        self._drawn: dict[str, _StepBars] = {}
+        self._noted: dict[str, str] = {}
         self.progress: RichProgress | None = None  # the lane copy's bars (a terminal only)
 
     def __enter__(self) -> ApplyView:
@@ -88,6 +113,13 @@ class ApplyView:
             self._live.stop()
             self._live = None
 
+    def progress_for(self, host: str) -> ProgressSink | None:
+        """The bars the host's steps draw (None off a terminal: no bars there)."""
+        if self.progress is None:
+            return None
+        with self._lock:
+            return self._drawn.setdefault(host, _StepBars(self.progress))
+
     def say(self, line: str) -> None:
         """One line of text (host text: never markup), above the live part on a terminal."""
         self._con.print(plain(line), markup=False, highlight=False, soft_wrap=True)
@@ -102,10 +134,27 @@ class ApplyView:
     def ended(self, host: str, step: Step, seconds_: float, ok: bool) -> None:
         with self._lock:
             self._status.pop(host, None)
-        if self.progress is not None:
-            self.progress.drop(host)
+            self._noted.pop(host, None)
+            drawn = self._drawn.get(host)
+            tasks = list(drawn.tasks) if drawn is not None else []
+            if drawn is not None:
+                drawn.tasks.clear()
+        if self.progress is not None and tasks:
+            self.progress.remove(tasks)
         how = "done" if ok else "failed"
         self.say(f"{host}: {step.kind} {step.title} {how} in {seconds(seconds_)}")
+
+    def note(self, host: str, text: str) -> None:
+        """A step's word on where it stands: on the status line; said as a line when it
+        changes, off a terminal or at -v."""
+        with self._lock:
+            status = self._status.get(host)
+            if status is not None:
+                status.last = text
+            new = self._noted.get(host) != text
+            self._noted[host] = text
+        if new and (self.verbose >= 1 or not self.terminal):
+            self.say(f"{host}: {text}")
 
     # -- what the transport tells -----------------------------------------------
 

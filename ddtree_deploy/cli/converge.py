@@ -219,7 +219,7 @@ def apply(
                    else None, "yes": yes}, str(config.path), version_line())
         view.say(f"{host}: run log {log.path}")
         return apply_host(config, host, expected_fingerprint=expected, log=log,
-                          progress=view.progress, watch=view,
+                          progress=view.progress_for(host), watch=view,
                           observers=(view.observer(host),) if verbose else (),
                           listeners=view.listeners(host),
                           probe_deadline=deadline,

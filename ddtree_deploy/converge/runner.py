@@ -51,9 +51,15 @@ class Watch(Protocol):
 
     def ended(self, host: str, step: Step, seconds: float, ok: bool) -> None: ...
 
+    def note(self, host: str, text: str) -> None:
+        """A step's word on where it stands (the lane copy's phase on the host)."""
+
 
 class Unwatched:
     def began(self, host: str, step: Step, text: str) -> None:
+        return None
+
+    def note(self, host: str, text: str) -> None:
         return None
 
     def ended(self, host: str, step: Step, seconds: float, ok: bool) -> None:
@@ -210,7 +216,8 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
               progress: ProgressSink | None = None) -> HostRun:
     name = host.name
     facts = LiveFacts(config, host, t)
-    ctx = Acting(config, host, t, facts, probe_deadline, progress)
+    ctx = Acting(config, host, t, facts, probe_deadline, progress,
+                 note=lambda text: watch.note(name, text))
     steps, print_ = _plan_on(config, host, facts.fresh(), t)
     if expected_fingerprint is not None and print_ != expected_fingerprint:
         raise RefusedError(f"{name}: the facts changed since the plan was made; "

@@ -125,14 +125,12 @@ class RichProgress(_Hosts):
                 self._progress.start()
             return self._progress
 
-    def drop(self, host: str) -> None:
-        """Take the host's bars off the display (its step is over)."""
-        if self._progress is None:
-            return
-        for task, tid in list(self._ids.items()):
-            if self.host(task) == host:
+    def remove(self, tasks: list[int]) -> None:
+        """Take these bars off the display (the step that drew them is over)."""
+        for task in tasks:
+            tid = self._ids.pop(task, None)
+            if tid is not None and self._progress is not None:
                 self._progress.remove_task(tid)
-                del self._ids[task]
 
     def __enter__(self) -> RichProgress:
         return self

@@ -164,6 +164,8 @@ class Acting:
     facts: LiveFacts
     probe_deadline: float = 120.0
     progress: ProgressSink | None = None  # the lane copy's bars (apply on a terminal)
+    #: a step's word on where it stands (the lane copy's phase on the host), for the status
+    note: Callable[[str], None] = lambda _text: None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ deployment's lane and no compiled extension is of another.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ddtree_deploy.converge.steps import Acting, Params, Planning, Step, StepKind, params
 from ddtree_deploy.rules.venv_lane import lane
@@ -46,8 +47,14 @@ def act(ctx: Acting, step: Step) -> None:
     from ddtree_deploy.overlay.run import run_overlay
 
     p = params(step, LaneOverlay)
+
+    def phase(status: dict[str, Any]) -> None:  # the host's journal: backing-up, checking...
+        journal = status.get("journal")
+        if isinstance(journal, dict) and journal.get("phase"):
+            ctx.note(f"on the host: {journal['phase']}")
+
     run_overlay(ctx.config, load_lane(p.lane), ctx.host.name, p.venv, cache=BlobCache(),
-                progress=ctx.progress)
+                progress=ctx.progress, on_status=phase)
 
 
 STEP = StepKind(KIND, LaneOverlay, act, plan=plan, marks_restart=True)
