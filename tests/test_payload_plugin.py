@@ -5,7 +5,8 @@ uv (pushed into a scratch HOME from the uv wheel of tests/wheels.toml) or the ve
 verify, rollback; nothing written into the sglang package (its tree byte-identical after
 deploy, verify and rollback); the venv lists the entry point after deploy and not after
 rollback. A 0.5.11 venv with the patch set whose sglang is then reinstalled at 0.5.17 is moved
-to the plugin in place; a release outside the matrix is refused with exit 2 and the list.
+to the plugin in place, and back (the plugin uninstalled, the patch set deployed); a release
+outside the matrix is refused with exit 2 and the list.
 """
 
 from __future__ import annotations
@@ -166,6 +167,27 @@ def test_a_patched_0511_venv_moves_to_the_plugin_when_its_sglang_becomes_0517(wo
     assert _tree(_sglang(venv)) == _tree(_sglang(fresh))
     assert not list((venv / ".ddtree-deploy/backups").iterdir())
     assert _entry_points(venv) == ["ddtree"]
+
+
+def test_a_plugin_venv_goes_back_to_the_patch_set_when_its_sglang_becomes_0511(world: Path
+                                                                            ) -> None:
+    venv = _venv(world, "v", wheelcache.wheel("sglang", "0.5.17"), pip=True)
+    fresh = _venv(world, "fresh", wheelcache.wheel("sglang", "0.5.11"), pip=True)
+    said = _ok(cli(world, "deploy", "localhost", "--venv", str(venv)))
+    assert "deployed (sglang 0.5.17, plugin" in said
+    assert _entry_points(venv) == ["ddtree"]
+    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-index", "--no-compile", "--disable-pip-version-check",
+                    str(wheelcache.wheel("sglang", "0.5.11"))], check=True)
+    said = _ok(cli(world, "deploy", "localhost", "--venv", str(venv)))
+    assert "uninstalled" in said and "deployed (sglang 0.5.11, payload" in said, said
+    assert _entry_points(venv) == []
+    site = _sglang(venv).parent
+    assert not list(site.glob("ddtree_sglang*")), "the plugin's files stayed"
+    state = json.loads((venv / ".ddtree-deploy/payload.json").read_text())
+    assert state["sglang"] == "0.5.11" and state.get("form", "patch") != "plugin"
+    _ok(cli(world, "rollback", "localhost", "--venv", str(venv)))
+    assert _tree(_sglang(venv)) == _tree(_sglang(fresh))
 
 
 def test_a_release_outside_the_matrix_is_refused_with_the_list(world: Path) -> None:
