@@ -102,16 +102,26 @@ def test_on_a_terminal_the_lane_copy_gets_bars_drawn_in_the_live_part() -> None:
 def test_v_shows_each_command_and_vv_its_output_line_by_line() -> None:
     con, buf = _console(False)
     view = ApplyView(con, verbose=2, terminal=False)
-    view.observer("ct200")("uv pip install x", 0, 1.25, "ignored", "ignored")
-    view.observer("ct200")("sleep 9", None, 9.0, "", "")
     (heard,) = view.listeners("ct200")
+    done = view.observer("ct200")
+    done("true", 0, 0.01, "", "")  # printed nothing: one line, once it ends
+    done("sleep 9", None, 9.0, "", "")
+    heard("uv pip install x", "err", "Resolved 3 packages in 10ms")  # as it comes
     heard("uv pip install x", "err", "Installed 3 packages in 40ms")
+    done("uv pip install x", 0, 1.25, "ignored", "ignored")
     heard("python3 - ", "out", "x" * (LINE_SHOWN + 10))
-    lines = buf.getvalue().splitlines()
-    assert lines[:3] == ["ct200: $ uv pip install x (exit 0, 1.2s)",
-                         "ct200: $ sleep 9 (killed at its deadline, 9.0s)",
-                         "ct200:   err| Installed 3 packages in 40ms"]
-    assert lines[3] == f"ct200:   out| {'x' * LINE_SHOWN} [... 10 more characters]"
+    done("python3 - ", 1, 0.5, "", "")
+    assert buf.getvalue().splitlines() == [
+        "ct200: $ true (exit 0, 0.0s)",
+        "ct200: $ sleep 9 (killed at its deadline, 9.0s)",
+        "ct200: $ uv pip install x",
+        "ct200:   err| Resolved 3 packages in 10ms",
+        "ct200:   err| Installed 3 packages in 40ms",
+        "ct200:   (exit 0, 1.2s)",
+        "ct200: $ python3 - ",
+        f"ct200:   out| {'x' * LINE_SHOWN} [... 10 more characters]",
+        "ct200:   (exit 1, 0.5s)",
+    ]
     quiet, qbuf = _console(False)
     (heard,) = ApplyView(quiet, verbose=1, terminal=True).listeners("ct200")
     heard("c", "err", "not shown at -v")  # on a terminal: for the status line only
@@ -122,8 +132,8 @@ def test_host_text_is_never_markup_nor_control_codes() -> None:
     con, buf = _console(False)
     view = ApplyView(con, verbose=2, terminal=False)
     (heard,) = view.listeners("ct200")
-    heard("c", "err", "[bold]x[/bold] \x1b[31mred")
-    assert buf.getvalue() == "ct200:   err| [bold]x[/bold] \\x1b[31mred\n"
+    heard("c [/x]", "err", "[bold]x[/bold] \x1b[31mred")
+    assert buf.getvalue() == "ct200: $ c [/x]\nct200:   err| [bold]x[/bold] \\x1b[31mred\n"
 
 
 def test_the_summary_gives_each_steps_seconds_and_the_total() -> None:

@@ -85,6 +85,7 @@ class ApplyView:
         self._bars: Any = None
         self._drawn: dict[str, _StepBars] = {}
         self._noted: dict[str, str] = {}
+        self._headed: dict[str, str] = {}  # -vv: the command whose output is being shown
         self.progress: RichProgress | None = None  # the lane copy's bars (a terminal only)
 
     def __enter__(self) -> ApplyView:
@@ -163,7 +164,12 @@ class ApplyView:
 
         def shown(command: str, code: int | None, took: float, _out: str, _err: str) -> None:
             exit_ = "killed at its deadline" if code is None else f"exit {code}"
-            self.say(f"{host}: $ {command} ({exit_}, {took:.1f}s)")
+            with self._lock:
+                headed = self._headed.pop(host, None) == command
+            if headed:  # -vv said it above its output: its end only
+                self.say(f"{host}:   ({exit_}, {took:.1f}s)")
+            else:
+                self.say(f"{host}: $ {command} ({exit_}, {took:.1f}s)")
 
         return shown
 
@@ -171,7 +177,7 @@ class ApplyView:
         """Each line a command prints: -vv shows it; on a terminal the status line keeps
         the last one."""
 
-        def heard(_command: str, stream: str, line: str) -> None:
+        def heard(command: str, stream: str, line: str) -> None:
             if len(line) > LINE_SHOWN:
                 line = f"{line[:LINE_SHOWN]} [... {len(line) - LINE_SHOWN} more characters]"
             with self._lock:
@@ -179,6 +185,11 @@ class ApplyView:
                 if status is not None:
                     status.last = line
             if self.verbose >= 2:
+                with self._lock:  # a host's commands run one after the other
+                    head = self._headed.get(host) != command
+                    self._headed[host] = command
+                if head:
+                    self.say(f"{host}: $ {command}")
                 self.say(f"{host}:   {stream}| {line}")
 
         return heard
