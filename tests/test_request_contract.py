@@ -28,7 +28,8 @@ from wheelcache import wheel  # noqa: E402
 DOC = ROOT / "docs" / "request-parameters.md"
 # release -> (file of SamplingParams, file of GenerateReqInput and BaseReq), in the wheel
 _FILES = ("sglang/srt/sampling/sampling_params.py", "sglang/srt/managers/io_struct.py")
-RELEASES = {"0.5.11": _FILES, "0.5.17": _FILES, "0.5.23": _FILES}
+RELEASES = {"0.5.11": _FILES, "0.5.17": _FILES, "0.5.19": _FILES, "0.5.21": _FILES,
+            "0.5.23": _FILES}
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef:
@@ -173,3 +174,12 @@ def _glue() -> Any:
     module = types.ModuleType("ddtree_request")
     exec(compile(text, str(path), "exec"), module.__dict__)
     return module
+
+
+def test_every_release_the_payload_serves_has_its_fields_read() -> None:
+    """RELEASES covers the patch set's releases (payload.yaml) and the plugin's (releases.py)."""
+    from ddtree_deploy.rules.matrix import shipped_matrix
+
+    matrix = shipped_matrix()
+    served = set(matrix.patch) | set(matrix.plugin)
+    assert served and served == set(RELEASES), sorted(served ^ set(RELEASES))
