@@ -16,9 +16,18 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-ORDER = ("nospec-8b", "dflash-8b", "ddtree15-8b-old", "ddtree15-8b-extendattn", "ddtree15-8b",
-         "ddtree31-8b")
+# -old: the patch set's earlier payload (0.5.11); -prev and -eagerverify: the plugin form's own
+# A/B switches (rehearsal/perf8b.py, SGLang 0.5.17+)
+ORDER = ("nospec-8b", "dflash-8b", "ddtree15-8b-old", "ddtree15-8b-prev", "ddtree15-8b-extendattn",
+         "ddtree15-8b-eagerverify", "ddtree15-8b", "ddtree31-8b")
 BATCHES = (1, 8, 32)
+PLUGIN_AB = {
+    "ddtree15-8b-prev": "the plugin before its verify changes (SGLANG_DDTREE_VERIFY_GRAPH=0, "
+                        "SGLANG_DDTREE_TREE_ATTENTION=0: the target's verify eager, SGLang's "
+                        "extend kernel)",
+    "ddtree15-8b-eagerverify": "the tree kernel without the verify graphs "
+                               "(SGLANG_DDTREE_VERIFY_GRAPH=0)",
+}
 NOSPEC, DFLASH = "nospec-8b", "dflash-8b"
 PROFILE_COLS = (("round_ms", "round ms"), ("gpu_busy_ms", "GPU busy ms"),
                 ("gpu_idle_ms", "GPU idle ms"), ("host_blocked_ms", "host blocked ms"),
@@ -72,8 +81,15 @@ def render(doc: Mapping[str, Any], label: str) -> str:
     parts = [f"**{label}** ({p.get('models', 'synthetic models')}; "
              f"{p.get('settings', '')}; {p.get('rounds', '?')} alternating rounds, "
              f"{p.get('tokens', '?')} new tokens a request, medians)"]
+    if doc.get("sglang"):
+        form = "the patch set" if doc["sglang"] == "0.5.11" else "the plugin"
+        parts[0] += f"; SGLang {doc['sglang']} + {form}"
     if p.get("old_payload"):
         parts.append(f"`ddtree15-8b-old`: the payload of {p['old_payload']}")
+    names = set(p.get("timings") or {}) | set(p.get("profiles") or {})
+    for name, what in PLUGIN_AB.items():
+        if name in names:
+            parts.append(f"`{name}`: {what}")
     parts.append(timing_table(p.get("timings") or {}))
     parts.append(profile_table(p.get("profiles") or {}))
     syncs = p.get("syncs") or {}

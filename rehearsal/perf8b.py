@@ -6,7 +6,10 @@ A Qwen3-8B-shaped target (hidden 4096, 36 layers, 32/8 heads, head 128, vocabula
 round's cost is what is measured). Served side by side in one run: no speculation, DFLASH,
 DDTREE 15/8 and 31/8, and, when a snapshot of an earlier payload was carried (``.payload-ab``,
 ``python -m rehearsal.snapshot REF``), DDTREE 15/8 on that payload too, in a copy of the venv's
-sglang (``old_venv``): the A/B of the payload's changes in the same run.
+sglang (``old_venv``): the A/B of the payload's changes in the same run. On SGLang 0.5.17+ (the
+plugin form; no snapshot) the A/B is the same plugin with its switches (``PLUGIN_BEFORE``):
+``ddtree15-8b-prev`` is the plugin before its verify changes, ``ddtree15-8b-eagerverify`` the
+tree kernel without the verify graphs.
 
 Settings as judged: ``--attention-backend triton --sampling-backend pytorch``, CUDA graphs on.
 
@@ -81,8 +84,15 @@ def snapshot_dir(repo: Path) -> Path | None:
     return folder if (folder / "payload.yaml").is_file() else None
 
 
-def servers(models: str, *, old_venv: str | None) -> list[Any]:
-    """The phase's servers; ``old_venv``: the venv holding the earlier payload (None: no A/B)."""
+# The plugin form (SGLang 0.5.17+) with its issue-28 changes switched off: the target's verify
+# eager and SGLang's extend kernel (ddtree_sglang/target_attention.py), i.e. the plugin as it was
+# before them (6ebdc14), in the same venv: the A/B of those changes in the same run.
+PLUGIN_BEFORE = (("SGLANG_DDTREE_VERIFY_GRAPH", "0"), ("SGLANG_DDTREE_TREE_ATTENTION", "0"))
+
+
+def servers(models: str, *, old_venv: str | None, sglang: str = "0.5.11") -> list[Any]:
+    """The phase's servers; ``old_venv``: the venv holding the earlier payload (None: no A/B;
+    the patch set's only); ``sglang``: 0.5.17+ adds the plugin's own A/B (``-prev``)."""
     from rehearsal.servers import Server
 
     common: dict[str, Any] = {"dummy": True, "env": ENV, "extra": EXTRA}
@@ -93,7 +103,15 @@ def servers(models: str, *, old_venv: str | None) -> list[Any]:
     # the current payload with SGLang's extend kernel for the verify (an A/B of the tree kernel)
     out.append(Server("ddtree15-8b-extendattn", models, "ddtree", 15, 8, dummy=True,
                       env=(*ENV, ("SGLANG_DDTREE_TREE_ATTENTION", "0")), extra=EXTRA))
-    if old_venv is not None:
+    if sglang != "0.5.11":
+        # the plugin as before its verify changes (PLUGIN_BEFORE); and its tree kernel without
+        # the verify graphs (the kernel's share of the change: ddtree15-8b-extendattn is the
+        # graphs' share)
+        out.append(Server("ddtree15-8b-prev", models, "ddtree", 15, 8, dummy=True,
+                          env=(*ENV, *PLUGIN_BEFORE), extra=EXTRA))
+        out.append(Server("ddtree15-8b-eagerverify", models, "ddtree", 15, 8, dummy=True,
+                          env=(*ENV, PLUGIN_BEFORE[0]), extra=EXTRA))
+    elif old_venv is not None:
         out.append(Server("ddtree15-8b-old", models, "ddtree", 15, 8, venv=old_venv, **common))
     return out
 

@@ -70,7 +70,7 @@ def check_args(a: argparse.Namespace) -> str | None:
     if "bench" in named and (not kinds or any(k not in ("ladder", "dummy") for k in kinds)
                              or len(set(kinds)) != len(kinds)):
         return f"--bench-runs: distinct names among ladder and dummy, got {a.bench_runs!r}"
-    servers = ph.union(named, _servers)
+    servers = ph.union(named, partial(_servers, sglang=getattr(a, "sglang", "0.5.11")))
     if isinstance(servers, str):
         return servers
     if not servers:
@@ -371,7 +371,13 @@ def _greedy_ready(port: int, pid: int, deadline: float) -> str:
 EAGER_ROUND = (("SGLANG_DDTREE_ROUND_GRAPHS", "0"),)  # the payload's round graphs off
 
 
-def _servers(phase: str) -> list[Any]:
+def _old_payload(sglang: str) -> Path | None:
+    """The carried earlier payload for perf-8b's A/B: the patch set's (0.5.11) only; the plugin
+    form's A/B is its own switches (perf8b.PLUGIN_BEFORE)."""
+    return perf8b.snapshot_dir(REPO) if sglang == "0.5.11" else None
+
+
+def _servers(phase: str, sglang: str = "0.5.11") -> list[Any]:
     from rehearsal.servers import Server
 
     m = str(WORK / "models")
@@ -401,8 +407,8 @@ def _servers(phase: str) -> list[Any]:
     elif phase == "bench":
         specs = []  # bench starts its own servers (bench())
     elif phase == perf8b.PHASE:
-        old = str(WORK / "venv-old") if perf8b.snapshot_dir(REPO) else None
-        specs = perf8b.servers(f"{m}/q8b", old_venv=old)
+        old = str(WORK / "venv-old") if _old_payload(sglang) else None
+        specs = perf8b.servers(f"{m}/q8b", old_venv=old, sglang=sglang)
     else:
         # DFLASH first: the warm group starts alone, so a first-use stall of DFLASH's sampled
         # verify (runs 2-3) overlaps the other servers' start.
@@ -724,16 +730,22 @@ def dflash_sampled(r: Rehearsal, server: Any) -> None:
 
 def graph_use(logs: Path) -> dict[str, Any]:
     """Per DDTREE server, from its log: whether its round graphs were on, the batch sizes whose
-    plan and walk graphs it captured, and the warning if they went off."""
+    plan and walk graphs it captured, and the warning if they went off; the tree kernel's
+    start-up check and (the plugin form) how the target's verify runs."""
     out: dict[str, Any] = {}
     for log in sorted(logs.glob("*.log")):
         text = log.read_text(errors="replace")
-        if "DDTREE ready:" not in text:
+        if "DDTREE ready:" not in text and "DDTREE ready (" not in text:
             continue
         entry: dict[str, Any] = {"on": "round_graphs=on" in text, "plan": [], "walk": [],
-                                 "off": None}
+                                 "off": None, "tree_attention": None, "target_verify": None}
         for line in text.splitlines():
-            if "DDTREE round graph captured:" in line:
+            if "DDTREE tree verify attention" in line and entry["tree_attention"] is None:
+                entry["tree_attention"] = line.split("DDTREE tree verify attention", 1)[1] \
+                    .strip()[:200]
+            elif "DDTREE target verify:" in line and entry["target_verify"] is None:
+                entry["target_verify"] = line.split("DDTREE target verify:", 1)[1].strip()[:300]
+            elif "DDTREE round graph captured:" in line:
                 what, _, bs = line.split("captured:", 1)[1].strip().partition(" bs=")
                 if what in ("plan", "walk") and bs.strip().isdigit():
                     entry[what].append(int(bs))
@@ -796,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         r.step("install", r.install)
         r.step("models", r.models)
-        shared = phases.union(named, _servers)
+        servers_of = partial(_servers, sglang=a.sglang)
+        shared = phases.union(named, servers_of)
         assert not isinstance(shared, str)  # checked by check_args
         if a.only:  # names checked by check_args
             wanted = {n for n in a.only.split(",") if n}
@@ -808,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         hosts = hosts_file(shared[0] if shared else Server("tool", str(WORK / "models/ladder"),
                                                            port=31099), str(VENV), r.logs)
         warm = None if a.no_prewarm else r.prewarm()
-        snapshot = perf8b.snapshot_dir(REPO)
+        snapshot = _old_payload(a.sglang)
         if perf8b.PHASE in named and snapshot is not None:  # before the payload is deployed
             r.step("old payload", lambda: perf8b.prepare_old(r, VENV, WORK, hosts, snapshot))
             if not r.result["steps"]["old payload"]["ok"]:
@@ -825,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       meanwhile=meanwhile), need=150)
         r.step("prewarm", lambda: r.prewarm_done(warm))
         for phase in named:
-            own = {s.name for s in _servers(phase)}
+            own = {s.name for s in servers_of(phase)}
             mine = [s for s in shared if s.name in own]
             if phase == "correctness":
                 correctness(r, mine)

@@ -155,3 +155,48 @@ def test_kernels_in_the_triton_interpreter() -> None:
                            "-k", "not interpreter", __file__], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def _extend_in_torch(*args: Any, **kwargs: Any) -> None:
+    """SGLang's extend kernel on a verify block, written out in torch from its positional call
+    (prefix columns all visible, the block's columns under the flattened mask)."""
+    q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask = args[:10]
+    mask_indptr, n, scale = args[11], int(args[12]), float(args[15])
+    group = q.shape[1] // k_ext.shape[1]
+    for b in range(int(qo_indptr.shape[0]) - 1):
+        lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        locs = kv_indices[lo:hi].long()
+        keys = torch.cat([k_buf[locs], k_ext[b * n:(b + 1) * n]]).float()
+        vals = torch.cat([v_buf[locs], v_ext[b * n:(b + 1) * n]]).float()
+        start, p = int(mask_indptr[b]), hi - lo
+        rows = mask[start:start + n * (p + n)].view(n, p + n).bool()
+        allow = torch.cat([torch.ones(n, p, dtype=torch.bool, device=rows.device),
+                           rows[:, p:]], 1)
+        for h in range(q.shape[1]):
+            s = q[b * n:(b + 1) * n, h].float() @ keys[:, h // group].T * scale
+            o[b * n:(b + 1) * n, h] = (torch.softmax(s.masked_fill(~allow, float("-inf")), -1)
+                                       @ vals[:, h // group]).to(o.dtype)
+
+
+@needs_kernel
+def test_the_self_check_decides_before_any_real_block() -> None:
+    from ddtree import tree_attention as ta
+
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    fwd = ta.wrap(_extend_in_torch)
+    assert ta.self_check(fwd, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
+                         dtype=dtype) == "on"
+    assert fwd.ddtree_state == {"on": True, "checked": True}
+    assert ta.self_check(fwd, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
+                         dtype=dtype) == "checked"
+    wrong = ta.wrap(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
+    assert ta.self_check(wrong, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
+                         dtype=dtype) == "off"
+    assert wrong.ddtree_state == {"on": False, "checked": True}
+    os.environ["SGLANG_DDTREE_TREE_ATTENTION"] = "0"
+    try:
+        off = ta.wrap(_extend_in_torch)
+    finally:
+        del os.environ["SGLANG_DDTREE_TREE_ATTENTION"]
+    assert ta.self_check(off, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
+                         dtype=dtype) == "off"

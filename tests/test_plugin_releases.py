@@ -172,6 +172,7 @@ PARENT_CALLS = {
     "_make_next_draft_input_decode": {"bonus_tokens", "new_seq_lens"},
     "_maybe_build_draft_sampler": set(),
     "forward_batch_generation": set(),
+    "init_attention_backends": set(),  # extended: the target's verify attention
 }
 PARENT_FIELDS = {"block_size", "_mask_token_id", "_draft_block_spec_info", "draft_model_runner",
                  "_need_mamba_verify_commit", "model_runner", "device", "server_args"}

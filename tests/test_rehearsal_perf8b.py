@@ -4,12 +4,14 @@ the earlier payload's snapshot and venv, and SIGSTOP of the servers not being ti
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,33 @@ def test_servers_are_judged_settings_and_the_old_one_only_with_a_snapshot(tmp_pa
         assert dep["environment"]["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
     doc = hosts_file(ab[-1], ab[-1].venv or "", tmp_path)
     assert "/w/venv-old" in doc.read_text()
+
+
+def test_on_the_plugin_form_the_ab_is_the_plugins_own_switches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a snapshot of the patch set carried by mistake is not deployed into a 0.5.17 venv
+    monkeypatch.setattr(perf8b, "snapshot_dir", lambda repo: tmp_path)
+    assert run._old_payload("0.5.17") is None and run._old_payload("0.5.11") == tmp_path
+    got = {s.name: s for s in run._servers("perf-8b", sglang="0.5.17")}
+    assert "ddtree15-8b-old" not in got and all(s.venv is None for s in got.values())
+    prev = dict(got["ddtree15-8b-prev"].env)
+    assert prev["SGLANG_DDTREE_VERIFY_GRAPH"] == "0" and prev["SGLANG_DDTREE_TREE_ATTENTION"] == "0"
+    eager = dict(got["ddtree15-8b-eagerverify"].env)
+    assert eager["SGLANG_DDTREE_VERIFY_GRAPH"] == "0"
+    assert "SGLANG_DDTREE_TREE_ATTENTION" not in eager
+    assert "SGLANG_DDTREE_VERIFY_GRAPH" not in dict(got["ddtree15-8b"].env)
+    for name in ("ddtree15-8b-prev", "ddtree15-8b-eagerverify"):
+        dep = replace(got[name], sglang="0.5.17").deployment("torch")
+        assert dep["sglang"] == {"version": "0.5.17"} and dep["ddtree"]["budget"] == 15
+        assert dep["environment"]["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
+    # the final call's server list: request-params and perf-8b on 0.5.17, checked as run.py does
+    only = ("rp-nospec,rp-dflash,rp-ddtree15,rp-ddtree31-nograph,nospec-8b,dflash-8b,"
+            "ddtree15-8b,ddtree31-8b,ddtree15-8b-prev")
+    ns = argparse.Namespace(phase="request-params,perf-8b", budget=470, warm=0, only=only,
+                            rounds=3, bench_runs="ladder,dummy", no_prewarm=False, sglang="0.5.17")
+    assert run.check_args(ns) is None
+    assert "no such server" in str(run.check_args(argparse.Namespace(
+        **{**vars(ns), "only": "ddtree15-8b-prev", "sglang": "0.5.11"})))
 
 
 def test_the_phase_joins_a_comma_list_with_its_own_servers(tmp_path: Path,
@@ -205,3 +234,19 @@ def test_the_table_gives_ratios_and_marks_what_did_not_run() -> None:
     prof = [line for line in text.splitlines() if line.startswith("| ddtree15-8b |")][1]
     assert "| 7.2 |" in prof and "| 1 |" in prof
     assert "ddtree15-8b 1.0 (ok)" in text
+    assert "SGLang" not in text.splitlines()[0]  # a result from before the field
+
+
+def test_the_table_names_the_release_and_the_plugins_ab() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import perf8b_table
+
+    doc = {"sglang": "0.5.17", "perf8b": {"timings": {
+        "dflash-8b": {"batch1": {"round_ms_median": 10.0, "tok_s_median": 100.0}},
+        "ddtree15-8b-prev": {"batch1": {"round_ms_median": 20.0, "tok_s_median": 50.0}}}}}
+    text = perf8b_table.render(doc, "final call")
+    assert "; SGLang 0.5.17 + the plugin" in text.splitlines()[0]
+    assert "`ddtree15-8b-prev`: the plugin before its verify changes" in text
+    assert "`ddtree15-8b-eagerverify`" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| ddtree15-8b-prev |"))
+    assert "50 (0.50x)" in row

@@ -265,10 +265,21 @@ def test_graph_use_reads_which_batch_sizes_each_ddtree_server_captured(tmp_path:
         "[t] DDTREE round graph captured: plan bs=2\n"
         "[t] WARNING DDTREE round graphs off (RuntimeError: boom): the round runs eagerly.\n")
     (tmp_path / "nospec.log").write_text("[t] Uvicorn running\n")
+    # the plugin form's lines (ddtree_sglang.worker, .target_attention, ddtree.tree_attention)
+    (tmp_path / "ddtree15-p.log").write_text(
+        "[t] DDTREE tree verify attention on (max |diff| 0.00781 against the extend kernel)\n"
+        "[t] DDTREE target verify: tree kernel on; CUDA graphs with the tree's mask\n"
+        "[t] DDTREE ready (ddtree-sglang-plugin): budget=15 topk=8 block=16 width=16 "
+        "mode=full-tree round_graphs=on\n[t] DDTREE round graph captured: plan bs=1\n")
     got = run.graph_use(tmp_path)
-    assert set(got) == {"ddtree15-x", "ddtree15-y-eager", "ddtree15-z"}
-    assert got["ddtree15-x"] == {"on": True, "plan": [1, 8], "walk": [1, 8], "off": None}
-    assert got["ddtree15-y-eager"] == {"on": False, "plan": [], "walk": [], "off": None}
+    assert set(got) == {"ddtree15-x", "ddtree15-y-eager", "ddtree15-z", "ddtree15-p"}
+    assert got["ddtree15-x"] == {"on": True, "plan": [1, 8], "walk": [1, 8], "off": None,
+                                 "tree_attention": None, "target_verify": None}
+    assert got["ddtree15-y-eager"] == {"on": False, "plan": [], "walk": [], "off": None,
+                                       "tree_attention": None, "target_verify": None}
+    assert got["ddtree15-p"]["plan"] == [1] and got["ddtree15-p"]["on"] is True
+    assert got["ddtree15-p"]["tree_attention"].startswith("on (max |diff| 0.00781")
+    assert got["ddtree15-p"]["target_verify"] == "tree kernel on; CUDA graphs with the tree's mask"
     assert got["ddtree15-z"]["plan"] == [2] and "RuntimeError: boom" in got["ddtree15-z"]["off"]
 
 

@@ -192,6 +192,13 @@ def _served(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
             or kwargs.get("xai_temperature_len", -1) not in (-1, None) \
             or kwargs.get("window_kv_offsets") is not None or len(args) > 16:
         return None
+    # keywords of later SGLang releases (0.5.17's triton backend passes page_size, score_mod
+    # and aux_tensors; 0.5.11 passes none of these): served only at what this kernel computes
+    if kwargs.get("score_mod") is not None or kwargs.get("aux_tensors") is not None \
+            or kwargs.get("lse_extend") is not None or kwargs.get("skip_prefix") \
+            or kwargs.get("skip_extend") or kwargs.get("page_size", 1) not in (1, None) \
+            or kwargs.get("skip_prefix_custom_mask", True) is not True:
+        return None
     if q.shape[0] != (qo_indptr.shape[0] - 1) * max_len or q.shape[-1] != args[4].shape[-1]:
         return None
     if custom_mask.dtype not in (torch.bool, torch.uint8) or q.shape[1] % args[1].shape[1]:
@@ -244,3 +251,45 @@ def wrap(extend_fwd: Callable[..., Any]) -> Callable[..., Any]:
 
     fwd.ddtree_state = state  # type: ignore[attr-defined]
     return fwd
+
+
+def self_check(fwd: Callable[..., Any], *, device: torch.device | str, heads: int,
+               kv_heads: int, head_dim: int, n: int, dtype: torch.dtype = torch.bfloat16,
+               prefix_lens: tuple[int, ...] = (37, 300), seed: int = 0) -> str:
+    """Make :func:`wrap`'s one check now, on a synthetic verify block of this model's shape
+    (``n`` queries a request, a random ancestor-style mask), outside graph capture.
+
+    For a caller whose first real verify block comes from a CUDA graph's warm-up, where the
+    mask is a placeholder. Returns ``"on"`` or ``"off"`` (the check's verdict, logged with the
+    difference found; ``"off"`` too where ``SGLANG_DDTREE_TREE_ATTENTION=0`` keeps the kernel
+    off), or ``"checked"`` when the check ran before."""
+    state = getattr(fwd, "ddtree_state", None)
+    if state is None or not state["on"]:
+        return "off"
+    if state["checked"]:
+        return "checked"
+    gen = torch.Generator().manual_seed(seed)
+    bs, total = len(prefix_lens), sum(prefix_lens)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    def ints(values: list[int], dt: torch.dtype = torch.int32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dt).to(device)
+
+    q, k_ext, v_ext = rand(bs * n, heads, head_dim), rand(bs * n, kv_heads, head_dim), \
+        rand(bs * n, kv_heads, head_dim)
+    k_buf, v_buf = rand(total + 8, kv_heads, head_dim), rand(total + 8, kv_heads, head_dim)
+    kv_indices = torch.randperm(total + 8, generator=gen)[:total].to(device)
+    rows: list[torch.Tensor] = []
+    for p in prefix_lens:  # per request n rows of (prefix + n) columns, SGLang's layout
+        block = torch.tril(torch.rand(n, n, generator=gen) < 0.5) | torch.eye(n, dtype=torch.bool)
+        rows.append(torch.cat([torch.ones(n, p, dtype=torch.bool), block], 1).reshape(-1))
+    mask = torch.cat(rows).to(device=device, dtype=torch.uint8)
+    kv_indptr = ints([sum(prefix_lens[:i]) for i in range(bs + 1)])
+    mask_indptr = ints([sum(n * (p + n) for p in prefix_lens[:i]) for i in range(bs + 1)])
+    qo_indptr = ints([i * n for i in range(bs + 1)])
+    o = torch.zeros_like(q)
+    fwd(q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask, True,
+        mask_indptr, n, 1.0, 1.0, 1.0 / head_dim ** 0.5)
+    return "on" if state["on"] else "off"

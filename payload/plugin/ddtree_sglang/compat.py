@@ -114,8 +114,8 @@ def eager(model_runner: Any, on: bool) -> Iterator[None]:
 
     DFLASH captures the target's verify graphs without a custom attention mask on backends that
     express DFLASH's causal block natively (triton among them), so a replayed graph would ignore
-    the tree's mask; full-tree verify therefore runs the target eagerly (the drafter's graphs
-    still replay)."""
+    the tree's mask; full-tree verify runs the target eagerly (the drafter's graphs still
+    replay) unless ``target_attention`` made the target's graphs carry the mask."""
     saved = model_runner.decode_cuda_graph_runner
     if on:
         model_runner.decode_cuda_graph_runner = None

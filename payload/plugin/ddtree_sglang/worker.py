@@ -12,7 +12,9 @@ round is this module's:
    ``prefix + depth`` and the ancestor-only mask. Plan and walk replay from CUDA graphs per batch
    size (``ddtree.graphs``; module docstring of the 0.5.11 worker for the limits).
 3. **Verify.** The target runs the ``budget + 1`` slots under the tree's mask (SGLang's flattened
-   custom-mask layout, the triton backend) into the request's reserved KV slots
+   custom-mask layout, the triton backend; its attention through the tree kernel and replayed
+   from the target's CUDA graphs, which carry the mask: ``target_attention``; eager where they
+   cannot) into the request's reserved KV slots
    ``prefix .. prefix + budget``; the target's token after every slot is its argmax for greedy
    requests and its own filtered sample for sampled ones (``ddtree.sampling``), so the walk
    commits exactly what the target alone would.
@@ -81,6 +83,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if int(self.block_size) != block:
             raise RuntimeError(f"DDTREE: drafter block {self.block_size}, expected {block}.")
         self.verify_width = block if self.ddtree_shadow_linear else self.ddtree_budget + 1
+        self._verify_graphed = False  # init_attention_backends: the verify graphs take the mask
         if self._need_mamba_verify_commit and not self.ddtree_shadow_linear:
             raise RuntimeError("DDTREE full-tree verification does not support hybrid (mamba) "
                                "targets; set SGLANG_DDTREE_SHADOW_LINEAR=1 or use DFLASH.")
@@ -91,6 +94,17 @@ class DDTreeWorker(DFlashWorkerV2):
                         "width=%d mode=%s round_graphs=%s", self.ddtree_budget,
                         self.ddtree_topk, block, self.verify_width, settings.mode,
                         "on" if self._plan_graphs.enabled else "off")
+
+    def init_attention_backends(self) -> None:
+        """DFLASH's, then the target's verify attention (``target_attention``: the tree kernel
+        and verify graphs that carry the tree's mask), before any graph is captured."""
+        super().init_attention_backends()
+        from ddtree_sglang.target_attention import prepare
+
+        self._verify_graphed = prepare(
+            self.target_worker.model_runner, tree_mode=not self.ddtree_shadow_linear,
+            n=self.verify_width, tp_size=int(get_tp_group().world_size),
+            graphs_on=not bool(getattr(self.server_args, "disable_cuda_graph", False)))
 
     def _check_target(self) -> None:
         try:
@@ -127,9 +141,13 @@ class DDTreeWorker(DFlashWorkerV2):
                 cache.disable(why)
             logger.warning("DDTREE round graphs off (%s): the round runs eagerly.", why)
 
-        for fn in (self._plan, finish_and_pack):
+        def captured(what: str) -> Any:
+            return lambda bs: logger.info("DDTREE round graph captured: %s bs=%s", what, bs)
+
+        for fn, what in ((self._plan, "plan"), (finish_and_pack, "walk")):
             caches.append(GraphCache(fn, enabled=enabled, max_entries=max(1, max_bs),
-                                     on_fail=off, capture_if=lambda bs: int(bs) <= max_bs))
+                                     on_fail=off, capture_if=lambda bs: int(bs) <= max_bs,
+                                     on_capture=captured(what)))
         return caches[0], caches[1]
 
     def _plan(self, hidden: torch.Tensor, roots: torch.Tensor, starts: torch.Tensor,
@@ -273,7 +291,8 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens_cpu = bound.to(saved[0].dtype if saved[0] is not None else torch.int64)
         batch.seq_lens_sum = int(bound.sum())
         try:
-            with compat.eager(self.target_worker.model_runner, on=mask is not None):
+            eager = mask is not None and not self._verify_graphed
+            with compat.eager(self.target_worker.model_runner, on=eager):
                 forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 out = self.target_worker.forward_batch_generation(
                     batch=None, forward_batch=forward_batch, is_verify=True,

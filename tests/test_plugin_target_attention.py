@@ -1,0 +1,218 @@
+"""The plugin's target verify attention (``ddtree_sglang.target_attention``) against each
+supported release's real files (tests/wheels.toml; read from the wheel, nothing installed).
+
+What the module relies on, per release, read with ``ast``: SGLang builds every worker's
+attention backends before it captures any graph, the target's first; DFLASH's worker has the
+``init_attention_backends`` the DDTree worker extends; the triton backend calls its
+``extend_attention_fwd`` with the positional layout and only keywords the tree kernel's wrapper
+judges (``tree_attention._served``), and copies a verify's mask into its graph buffer at
+replay; the graph runner asks SGLang's DFLASH mask policy at capture. Then the policy itself (the
+release's own function, executed) answers "no custom mask" for SGLang's triton backend and "a
+custom mask" for the backend once :func:`mask_in_graphs` changed it, which is what makes the
+verify graphs carry the tree's mask.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import sys
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from wheelcache import wheel
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "payload" / "plugin"))
+sys.path.insert(0, str(ROOT / "payload"))
+
+from ddtree_sglang import releases, target_attention  # noqa: E402
+
+SUPPORTED = sorted(releases.SUPPORTED)
+
+
+def _source(version: str, rel: str) -> str:
+    with zipfile.ZipFile(wheel("sglang", version)) as zf:
+        return zf.read(f"sglang/{rel}").decode("utf-8")
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"no class {name}"
+    return found[0]
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
+    found = [f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == name]
+    assert found, f"{cls.name}.{name} is gone"
+    return found[0]
+
+
+def _calls(node: ast.AST, attr: str) -> list[ast.Call]:
+    return [c for c in ast.walk(node) if isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Attribute) and c.func.attr == attr]
+
+
+def _call_order(fn: ast.FunctionDef, names: list[str]) -> list[int]:
+    return [min(c.lineno for c in _calls(fn, n)) for n in names]
+
+
+# Keywords of SGLang's extend-kernel calls that do not change what it computes (0.5.19+: the
+# extend lengths on the host, for the kernel's launch grid).
+HARMLESS = {"extend_seq_lens_cpu"}
+
+
+def _served_keywords() -> set[str]:
+    """The keywords ``tree_attention._served`` looks at (``kwargs.get("NAME"...)``)."""
+    tree = ast.parse((ROOT / "payload" / "ddtree" / "tree_attention.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_served")
+    return {c.args[0].value for c in _calls(fn, "get")
+            if c.args and isinstance(c.args[0], ast.Constant)}
+
+
+def release_policy(version: str) -> Any:
+    """The release's own ``resolve_dflash_verify_mask_policy`` with the set it reads."""
+    tree = ast.parse(_source(version, "srt/speculative/dflash_utils.py"))
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef)
+                                     and n.name == "resolve_dflash_verify_mask_policy")
+            or (isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"
+                for t in n.targets))]
+    assert len(keep) == 2, "the policy or its backend set moved"
+    namespace: dict[str, Any] = {"Any": Any}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "dflash_utils.py", "exec"), namespace)
+    return namespace["resolve_dflash_verify_mask_policy"]
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_release_builds_backends_before_graphs_and_calls_the_extend_kernel_as_wrapped(
+        version: str) -> None:
+    scheduler = _class(ast.parse(_source(version, "srt/managers/scheduler.py")), "Scheduler")
+    init = _method(scheduler, "init_model_worker")
+    backends, graphs = _call_order(init, ["init_all_attention_backends", "init_all_cuda_graphs"])
+    assert backends < graphs
+    both = _method(scheduler, "init_all_attention_backends")
+    calls = [c for c in _calls(both, "init_attention_backends")
+             if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Attribute)]
+    assert [c.func.value.attr for c in calls] == ["tp_worker", "draft_worker"]  # type: ignore[attr-defined]
+    worker = _class(ast.parse(_source(version, "srt/speculative/dflash_worker_v2.py")),
+                    "DFlashWorkerV2")
+    _method(worker, "init_attention_backends")
+
+    triton = _class(ast.parse(_source(version, "srt/layers/attention/triton_backend.py")),
+                    target_attention.BACKEND_CLASS)
+    init_src = ast.unparse(_method(triton, "__init__"))
+    assert "self.extend_attention_fwd = " in init_src
+    served = _served_keywords() | HARMLESS
+    # the kernel's calls: direct, or (0.5.23) through _forward_extend_kernel(layer, *same)
+    extend_calls = [(c, c.args) for c in _calls(triton, "extend_attention_fwd")]
+    extend_calls += [(c, c.args[1:]) for c in _calls(triton, "_forward_extend_kernel")]
+    masked = [(c, args) for c, args in extend_calls if len(args) > 9
+              and not (isinstance(args[9], ast.Constant) and args[9].value is None)]
+    assert masked  # the calls that pass a mask (the others the wrapper never serves)
+    for call, args in masked:  # SGLang's positional layout, and keywords the wrapper judges
+        assert len(args) == 16, ast.unparse(call)[:200]
+        assert ast.unparse(args[9]).endswith("custom_mask")
+        assert {k.arg for k in call.keywords} <= served, ast.unparse(call)[:400]
+    replay = ast.unparse(_method(triton, "_update_target_verify_buffers"))
+    assert "custom_mask[:spec_info.custom_mask.shape[0]] = spec_info.custom_mask" in replay
+
+    runner = ast.parse(_source(version, "srt/model_executor/runner/decode_cuda_graph_runner.py"))
+    spec_info = ast.unparse(_method(_class(runner, "DecodeCudaGraphRunner"), "get_spec_info"))
+    # imported inside the method: the policy is looked up at capture, on the changed backend
+    assert "from sglang.srt.speculative.dflash_utils import" in spec_info
+    assert "resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)" in spec_info
+    config = _class(ast.parse(_source(version, "srt/configs/model_config.py")), "ModelConfig")
+    for name in ("get_num_attention_heads", "get_num_kv_heads"):
+        _method(config, name)
+
+
+def _packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty SGLang packages, and the wrapper classes 0.5.23's policy imports when called (no
+    target backend here is one of them)."""
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.layers",
+                 "sglang.srt.layers.attention", "sglang.srt.model_executor"):
+        module = types.ModuleType(name)
+        module.__path__ = []  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, module)
+    for name, attr, value in (
+            ("sglang.srt.layers.attention.hybrid_attn_backend", "HybridAttnBackend",
+             type("HybridAttnBackend", (), {})),
+            ("sglang.srt.layers.attention.tbo_backend", "TboAttnBackend",
+             type("TboAttnBackend", (), {})),
+            ("sglang.srt.model_executor.forward_batch_info", "ForwardMode",
+             types.SimpleNamespace(TARGET_VERIFY="target_verify"))):
+        module = types.ModuleType(name)
+        setattr(module, attr, value)
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_changed_backend_gets_the_mask_under_the_release_policy(
+        version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = release_policy(version)
+    _packages(monkeypatch)
+    utils = types.ModuleType("sglang.srt.speculative.dflash_utils")
+    utils.resolve_dflash_verify_mask_policy = policy  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dflash_utils", utils,
+                        raising=False)
+
+    triton_cls = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": None})
+    backend = triton_cls()
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None)
+    assert policy(backend) == (target_attention.BACKEND_CLASS, False)  # DFLASH: no mask
+    assert target_attention.mask_in_graphs(runner) is None
+    assert isinstance(backend, triton_cls) and type(backend).__name__ == "DDTreeTritonAttnBackend"
+    assert policy(backend) == ("DDTreeTritonAttnBackend", True)
+    assert target_attention.mask_in_graphs(runner) is None  # twice: the same class, not nested
+    assert type(backend).__mro__[1] is triton_cls
+
+    other = types.SimpleNamespace(attn_backend=type("FlashInferAttnBackend", (), {})(),
+                                  decode_attn_backend=None)
+    assert target_attention.mask_in_graphs(other) == "the target's attention backend is not triton"
+    late = types.SimpleNamespace(attn_backend=triton_cls(), decode_attn_backend=None,
+                                 decode_cuda_graph_runner=object())
+    assert "captured before" in str(target_attention.mask_in_graphs(late))
+    assert type(late.attn_backend) is triton_cls
+
+
+def test_a_policy_that_still_refuses_leaves_the_backend_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _packages(monkeypatch)
+    utils = types.ModuleType("sglang.srt.speculative.dflash_utils")
+    utils.resolve_dflash_verify_mask_policy = lambda b: (type(b).__name__, False)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dflash_utils", utils,
+                        raising=False)
+    triton_cls = type(target_attention.BACKEND_CLASS, (), {})
+    runner = types.SimpleNamespace(attn_backend=triton_cls(), decode_attn_backend=None)
+    assert "still answers no custom mask" in str(target_attention.mask_in_graphs(runner))
+    assert type(runner.attn_backend) is triton_cls
+
+
+@pytest.mark.parametrize(("tree_mode", "env", "graphs_on", "said"), [
+    (True, {"SGLANG_DDTREE_VERIFY_GRAPH": "0"}, True, "eager (SGLANG_DDTREE_VERIFY_GRAPH=0)"),
+    (True, {}, False, "eager (CUDA graphs are off)"),
+])
+def test_prepare_keeps_the_verify_eager_when_switched_off(
+        tree_mode: bool, env: dict[str, str], graphs_on: bool, said: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    backend = type(target_attention.BACKEND_CLASS, (), {})()
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None)
+    with caplog.at_level(logging.INFO, logger=target_attention.__name__):
+        assert target_attention.prepare(runner, tree_mode=tree_mode, n=16, tp_size=1,
+                                        graphs_on=graphs_on, env=env) is False
+    assert said in caplog.text and "DDTREE target verify: tree kernel" in caplog.text
+    assert type(backend).__name__ == target_attention.BACKEND_CLASS
+
+
+def test_prepare_leaves_shadow_linear_to_dflash() -> None:
+    backend = type(target_attention.BACKEND_CLASS, (), {})()
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None)
+    assert target_attention.prepare(runner, tree_mode=False, n=8, tp_size=1,
+                                    graphs_on=True, env={}) is False
+    assert type(backend).__name__ == target_attention.BACKEND_CLASS
