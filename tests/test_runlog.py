@@ -105,3 +105,31 @@ def test_apply_gives_the_lane_copy_its_progress_bars(monkeypatch: pytest.MonkeyP
     lane_overlay.act(ctx, step)
     assert seen == [bars]
     assert noted == ["on the host: checking"]
+
+
+def test_the_deployments_secrets_are_masked_in_every_line(state: Path, tmp_path: Path) -> None:
+    """apply_host hands the log the deployments' API keys and HF tokens (secret_values):
+    an error or a command that carried one is logged with *** instead."""
+    from ddtree_deploy.config.hosts import load_config
+    from ddtree_deploy.converge.runner import secret_values
+    from ddtree_deploy.resources import embedded_hosts_file
+
+    (tmp_path / "key").write_text("sk-live-123\n")
+    (tmp_path / "hf").write_text("hf_abcdef\n")
+    text = embedded_hosts_file().read_text().replace(
+        "    payload: true ", f"    api_key_file: {tmp_path / 'key'}\n"
+                              f"    hf_token_file: {tmp_path / 'hf'}\n    payload: true ")
+    (tmp_path / "hosts.yaml").write_text(text)
+    config = load_config(tmp_path / "hosts.yaml")
+    assert secret_values(config, config.host("ct200")) == {"sk-live-123", "hf_abcdef"}
+    assert secret_values(config, config.host("ct129")) == frozenset()
+    log = RunLog("ct200")
+    log.redact = secret_values(config, config.host("ct200"))
+    log.start({"command": "apply", "hosts": ["ct200"], "x": ["hf_abcdef"]}, "h.yaml", "t")
+    log.command("curl -H 'Authorization: Bearer sk-live-123' ...", 0, 0.1)
+    log.end("ct200: step failed: HF_TOKEN=hf_abcdef refused")
+    written = log.path.read_text()
+    assert "sk-live-123" not in written and "hf_abcdef" not in written
+    start, command, end = _events(log)
+    assert start["what"]["x"] == ["***"]  # type: ignore[index]
+    assert "Bearer ***" in str(command["command"]) and "HF_TOKEN=***" in str(end["error"])

@@ -104,6 +104,19 @@ def plan(
 
 
 
+def _masked(config: Config, host: str, error: object) -> str:
+    """An error's text with the host's deployment secrets as *** (host text in a message
+    may carry them)."""
+    from ddtree_deploy.converge.runner import secret_values
+    from ddtree_deploy.transport.command import mask_secrets
+
+    try:
+        secrets = secret_values(config, config.host(host))
+    except DeployError:  # not a host of the file: nothing of it to mask
+        secrets = frozenset()
+    return mask_secrets(str(error), secrets)
+
+
 def can_ask() -> bool:
     """Whether apply can ask its question (stdin is a terminal)."""
     return sys.stdin.isatty()
@@ -238,7 +251,8 @@ def apply(
             for line in summary(run):
                 out.print(plain(line), markup=False, highlight=False)
         else:
-            out.print(f"[red]{esc(o.host)}: failed[/red]: {esc(o.error)}", highlight=False)
+            out.print(f"[red]{esc(o.host)}: failed[/red]: {esc(_masked(config, o.host, o.error))}",
+                      highlight=False)
             if verbose >= 2 and o.error is not None:  # -vv: the failed command's whole stderr
                 for line in failure_output(o.host, o.error):
                     view.say(line)

@@ -11,7 +11,8 @@ ISO-8601 UTC time `at`:
 - ``{"event": "step", "kind", "title", "deployment", "seconds", "ok"}``
 - ``{"event": "end", "ok", "error", "seconds"}``
 
-The output of commands is not kept (it may hold what the tool cannot know to be secret).
+The output of commands is not kept (it may hold what the tool cannot know to be secret);
+the values in `redact` (the deployments' API keys and HF tokens) are `***` in every line.
 A log that cannot be written never fails the apply: the run goes on, said once on stderr.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_deploy import xdg
+from ddtree_deploy.transport.command import mask_secrets
 
 Say = Callable[[str], None]
 
@@ -46,12 +48,25 @@ def _who() -> str:
         return f"uid {os.getuid()}"
 
 
+def _masked(value: Any, secrets: frozenset[str]) -> Any:
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return mask_secrets(value, secrets)
+    if isinstance(value, dict):
+        return {k: _masked(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v, secrets) for v in value]
+    return value
+
+
 class RunLog:
     """A run's log; `event` appends one line (thread-safe enough: one writer per host)."""
 
     def __init__(self, host: str, *, say: Say = lambda _m: None) -> None:
         self.host = host
         self._say = say
+        self.redact: frozenset[str] = frozenset()  # set by apply_host: masked in every line
         self._fd: int | None = None
         self._t0 = time.monotonic()
         folder = runs_dir()
@@ -74,7 +89,8 @@ class RunLog:
     def event(self, event: str, **fields: Any) -> None:
         if self._fd is None:
             return
-        line = json.dumps({"at": now_iso(), "event": event, **fields}, default=str) + "\n"
+        doc = _masked({"at": now_iso(), "event": event, **fields}, self.redact)
+        line = json.dumps(doc, default=str) + "\n"
         try:
             os.write(self._fd, line.encode("utf-8", "backslashreplace"))
         except OSError as exc:

@@ -191,13 +191,16 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
 
     host = config.host(name)
     run = HostRun(name, log=log)
+    secrets = secret_values(config, host)
+    if log is not None:
+        log.redact = secrets
     t0 = time.monotonic()
     try:
         with open_transport(config, host) as lock_t, HostLock(lock_t, host) as lock, \
                 open_transport(config, host) as t:
             t.observers = (*observers, *((log.command,) if log is not None else ()))
             t.listeners = listeners
-            t.redact = secret_values(config, host)
+            t.redact = secrets
             _converge(config, host, t, lock, run, expected_fingerprint, watch or Unwatched(),
                       probe_deadline, on_plan, progress)
     except BaseException as exc:
