@@ -59,7 +59,7 @@ trap finish EXIT
   echo "fresh-run: exit $rc after $((SECONDS - t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "fresh-run: stages (wall, cpu user+sys):" "$(grep -oE '^tier [a-z]+: [0-9]+ s \(cpu [0-9]+\+[0-9]+ s\)' "$log" | sed 's/^tier //;s/ s (cpu /s (/;s/ s)$/s)/' | paste -sd, -)"
   for what in "$home" "$dir/xdg/cache" "$dir/xdg/config" "$dir/xdg/state" "$dir/xdg/data" \
-              "$dir/mpl" "$dir/uv-tool" "$dir/repo/.test-wheels"; do
+              "$dir/mpl" "$dir/uv-tool" "$dir/repo/.test-wheels" "$dir/repo/.test-home"; do
     [ -e "$what" ] && echo "fresh-run: left in ${what#"$dir"/}: $(du -sh "$what" | cut -f1)" \
       "($(find "$what" -mindepth 1 -maxdepth 2 | sed "s|^$what/||" | head -8 | paste -sd' ' -))"
   done

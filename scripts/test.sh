@@ -17,6 +17,13 @@ stage() {  # NAME COMMAND...: run it, print its seconds, return its status
   return "$rc"
 }
 stage setup bash scripts/setup.sh
+# The tests' HOME and XDG folders, inside the checkout (git-ignored): the same that
+# tests/conftest.py gives any pytest run, set here too so that everything after setup (the lab's
+# `down` at exit included) sees the caches and the lab state the tests write there.
+test_home=$PWD/.test-home
+export HOME=$test_home XDG_CACHE_HOME=$test_home/.cache XDG_CONFIG_HOME=$test_home/.config \
+  XDG_STATE_HOME=$test_home/.local/state XDG_DATA_HOME=$test_home/.local/share
+mkdir -p "$XDG_CACHE_HOME" "$XDG_CONFIG_HOME" "$XDG_STATE_HOME" "$XDG_DATA_HOME"
 trap '.venv/bin/ddtree-deploy lab down >/dev/null 2>&1 || true' EXIT
 failed=()
 # A wheel that cannot be fetched fails the run, and (in CI) each test that needs it, by name.

@@ -1,12 +1,28 @@
-"""Shared fixtures: the lab (brought up once per session, taken down at the end)."""
+# ruff: noqa: E402  (the imports come after HOME and XDG are set, below the docstring)
+"""Shared fixtures: the lab (brought up once per session, taken down at the end).
+
+Before anything imports the tool, the session's HOME and XDG folders are folders of the
+checkout's own, under the git-ignored .test-home/ (the tool's caches, state and config, uv's
+and pip's caches, the lab's root file system and keys): no test writes under the real HOME.
+Subprocesses inherit them; a test that gives a child a made-up environment gives it these (or
+folders of its own). They persist between runs (caches); scripts/fresh-run.sh starts from none.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+TEST_HOME = Path(__file__).resolve().parent.parent / ".test-home"
+HOME_VARS = {"HOME": "", "XDG_CACHE_HOME": ".cache", "XDG_CONFIG_HOME": ".config",
+             "XDG_STATE_HOME": ".local/state", "XDG_DATA_HOME": ".local/share"}
+for _var, _sub in HOME_VARS.items():
+    (TEST_HOME / _sub).mkdir(parents=True, exist_ok=True)
+    os.environ[_var] = str(TEST_HOME / _sub)
+
 import shutil
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import tiers
