@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from story_facts import CU130, V, story_facts
+
 from ddtree_deploy import __version__
 from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.converge.hoststate import HostState, parse
@@ -15,29 +17,10 @@ from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.service.render import render_unit
 from ddtree_deploy.service.resolve import build_spec
 
-V = "/root/venv_sglang211"
-SP = f"{V}/lib/python3.11/site-packages"
-CU130 = {"torch": "2.11.0", "sglang": "0.5.11", "soundfile": "0.13.1",
-         "flashinfer-python": "0.6.8.post1"}
-
 
 def facts(venv_exists: bool, dists: dict[str, str] | None = None, ddtree: bool = True,
           active: bool = True) -> Facts:
-    venvs = [{"path": "/root/venv", "distributions": {"torch": "2.11.0+cu128"},
-              "torch": {"version": "2.11.0+cu128", "cuda": "12.8"}}]
-    if venv_exists:
-        venvs.append({"path": V, "distributions": dists if dists is not None else CU130,
-                      "torch": {"version": "2.11.0+cu130", "cuda": "13.0"},
-                      "sglang": {"version": "0.5.11", "knows_ddtree": ddtree,
-                                 "ddtree_is_dflash": ddtree},
-                      "nvidia": {"cu13": True, "lib_dirs": [f"{SP}/nvidia/cu13/lib"]}})
-    return Facts.model_validate({
-        "host": "ct200",
-        "nvidia": {"present": True, "gpus": [{"index": i, "processes": []} for i in range(8)]},
-        "venvs": venvs,
-        "services": {"units": [{"name": "sglang-ddtree.service", "active": "active"}]
-                     if active else []},
-    })
+    return Facts.model_validate(story_facts(venv_exists, dists, ddtree, active))
 
 
 def installed_unit(f: Facts) -> str:
