@@ -217,7 +217,8 @@ def test_draft_topk_without_the_float_copy_equals_0_2_0(
     rows = 15
     chunks = [(0, rows)] if chunk_rows is None else \
         [(lo, min(rows, lo + chunk_rows)) for lo in range(0, rows, chunk_rows)]
-    monkeypatch.setattr(worker, "row_chunks", lambda r, v: chunks)
+    monkeypatch.setattr(sys.modules[worker.head_topk.__module__], "row_chunks",
+                        lambda r, v, c: chunks)
     head = types.SimpleNamespace(weight=weight, shard_indices=types.SimpleNamespace(
         num_added_elements=0, num_org_elements=VOCAB, org_vocab_start_index=start))
     lp, tok = worker.DDTreeWorker._draft_topk(types.SimpleNamespace(ddtree_topk=6), hidden, head)

@@ -17,11 +17,13 @@ win against a real token, and where the whole vocabulary is smaller than ``k`` t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["CHUNK_ELEMENTS", "local_topk", "merge_topk", "row_chunks", "topk_logprobs"]
+__all__ = ["CHUNK_ELEMENTS", "head_topk", "local_topk", "merge_topk", "row_chunks",
+           "topk_logprobs"]
 
 CHUNK_ELEMENTS = 1 << 25  # float32 logits per chunk (128 MiB)
 
@@ -102,3 +104,65 @@ def topk_logprobs(
     if gather is None:
         raise ValueError("a vocabulary-parallel head needs a gather function")
     return merge_topk(gather(values), gather(ids), gather(lse), k)
+
+
+TopK = Callable[[Tensor, int], tuple[Tensor, Tensor]]
+"""``ddtree.core.draft_topk``: ``([bs, D, V] logits, k) -> (logprobs, ids)``, ``[bs, D, k]``."""
+
+
+def head_topk(
+    hidden: Tensor,
+    lm_head: Any,
+    k: int,
+    group: Any,
+    topk: TopK,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """Per-depth top-k log-probs of the drafter over the (vocab-parallel) target head; the
+    workers of both payload forms take their draft's top-k from here.
+
+    ``hidden [bs, D, H]`` -> ``([bs, D, K], [bs, D, K])``, in row chunks of bounded memory.
+    ``lm_head`` is SGLang's ``VocabParallelEmbedding`` (``weight``, ``shard_indices``),
+    ``group`` its tensor-parallel group (``world_size``, ``all_gather_into_tensor``) and
+    ``topk`` the core's ``draft_topk`` (imported by the caller: this module's own name differs
+    between the forms). With TP > 1 every rank reports exactly K entries (padded where its shard
+    is smaller), so the all-gathers match across ranks and the merge equals the unsharded top-k.
+    """
+    bs, depths, width = hidden.shape
+    shard = lm_head.shard_indices
+    if int(shard.num_added_elements) != 0:
+        raise RuntimeError("DDTREE does not support added-vocabulary (LoRA) LM heads yet.")
+    num_org = int(shard.num_org_elements)
+    weight = lm_head.weight[:num_org]
+    states = hidden.reshape(bs * depths, width)
+    start = int(shard.org_vocab_start_index)
+    world = int(group.world_size)
+    if world == 1:
+        # The head's logits go to the top-k in their own dtype: it works in float32 (the Triton
+        # kernel converts on load, the torch path with .float()), so no float32 copy of
+        # [rows, vocab] is made here. One chunk (the usual case) needs no concatenation.
+        parts = [
+            topk(torch.matmul(states[lo:hi].to(weight.dtype), weight.T).unsqueeze(0), k)
+            for lo, hi in row_chunks(bs * depths, num_org, chunk_elements)
+        ]
+        if len(parts) == 1:
+            logprobs, tokens = parts[0][0][0], parts[0][1][0]
+        else:
+            logprobs = torch.cat([p[0][0] for p in parts], 0)
+            tokens = torch.cat([p[1][0] for p in parts], 0)
+        if start:
+            tokens = tokens + start
+        k = logprobs.shape[-1]
+        return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
+
+    def gather(t: Tensor) -> Tensor:
+        out = t.new_empty((world, *t.shape))
+        group.all_gather_into_tensor(out.view(world * t.shape[0], *t.shape[1:]), t.contiguous())
+        return out
+
+    logprobs, tokens = topk_logprobs(
+        states, weight, k, vocab_start=start, world_size=world, gather=gather,
+        chunk_elements=chunk_elements,
+    )
+    return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)

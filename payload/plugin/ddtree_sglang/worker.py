@@ -37,7 +37,7 @@ import torch
 from ddtree.core import draft_topk
 from ddtree.graphs import GraphCache
 from ddtree.sampling import sample_tokens, top_k_bounds
-from ddtree.vocab import row_chunks, topk_logprobs
+from ddtree.vocab import head_topk
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.speculative import dflash_worker_v2 as _v2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -160,34 +160,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _draft_topk(self, hidden: torch.Tensor, lm_head: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden [bs, D, H]`` -> per-depth top-k log-probs and ids over the target's head."""
-        bs, depths, width = hidden.shape
-        shard = lm_head.shard_indices
-        if int(shard.num_added_elements) != 0:
-            raise RuntimeError("DDTREE does not support added-vocabulary (LoRA) LM heads.")
-        num_org = int(shard.num_org_elements)
-        weight = lm_head.weight[:num_org]
-        states = hidden.reshape(bs * depths, width)
-        start = int(shard.org_vocab_start_index)
-        group = get_tp_group()
-        world = int(group.world_size)
-        k = self.ddtree_topk
-        if world == 1:
-            parts = [draft_topk(torch.matmul(states[lo:hi].to(weight.dtype), weight.T)
-                                .unsqueeze(0), k) for lo, hi in row_chunks(bs * depths, num_org)]
-            logprobs = torch.cat([p[0][0] for p in parts], 0)
-            tokens = torch.cat([p[1][0] for p in parts], 0) + start
-            k = logprobs.shape[-1]
-            return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
-
-        def gather(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_empty((world, *t.shape))
-            group.all_gather_into_tensor(out.view(world * t.shape[0], *t.shape[1:]),
-                                         t.contiguous())
-            return out
-
-        logprobs, tokens = topk_logprobs(states, weight, k, vocab_start=start, world_size=world,
-                                         gather=gather)
-        return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
+        return head_topk(hidden, lm_head, self.ddtree_topk, get_tp_group(), draft_topk)
 
     # -- one decode round --------------------------------------------------------------------
 

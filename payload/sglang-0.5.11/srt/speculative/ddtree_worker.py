@@ -44,7 +44,7 @@ from sglang.srt.speculative.ddtree_verify import (
     finish_and_pack,
     plan_round,
 )
-from sglang.srt.speculative.ddtree_vocab import row_chunks, topk_logprobs
+from sglang.srt.speculative.ddtree_vocab import head_topk
 from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
 from sglang.srt.speculative.dflash_worker import DFlashWorker
 
@@ -167,53 +167,9 @@ class DDTreeWorker(DFlashWorker):
         return finish_and_pack(plan, target)
 
     def _draft_topk(self, hidden: torch.Tensor, lm_head: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-depth top-k log-probs of the drafter over the (vocab-parallel) target head.
-
-        ``hidden [bs, D, H]`` -> ``([bs, D, K], [bs, D, K])``, in row chunks of bounded memory
-        (``ddtree_vocab``). With TP > 1 every rank reports exactly K entries (padded where its
-        shard is smaller), so the all-gathers match across ranks and the merge equals the
-        unsharded top-k.
-        """
-        bs, depths, width = hidden.shape
-        shard = lm_head.shard_indices
-        if int(shard.num_added_elements) != 0:
-            raise RuntimeError("DDTREE does not support added-vocabulary (LoRA) LM heads yet.")
-        num_org = int(shard.num_org_elements)
-        weight = lm_head.weight[:num_org]
-        states = hidden.reshape(bs * depths, width)
-        start = int(shard.org_vocab_start_index)
-        tp_group = get_tp_group()
-        tp_size = int(tp_group.world_size)
-        k = self.ddtree_topk
-        if tp_size == 1:
-            # The head's logits go to draft_topk in their own dtype: it works in float32 (the
-            # Triton kernel converts on load, the torch path with .float()), so no float32 copy
-            # of [rows, vocab] is made here. One chunk (the usual case) needs no concatenation.
-            parts = [
-                draft_topk(torch.matmul(states[lo:hi].to(weight.dtype), weight.T).unsqueeze(0), k)
-                for lo, hi in row_chunks(bs * depths, num_org)
-            ]
-            if len(parts) == 1:
-                logprobs, tokens = parts[0][0][0], parts[0][1][0]
-            else:
-                logprobs = torch.cat([p[0][0] for p in parts], 0)
-                tokens = torch.cat([p[1][0] for p in parts], 0)
-            if start:
-                tokens = tokens + start
-            k = logprobs.shape[-1]
-            return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
-
-        def gather(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_empty((tp_size, *t.shape))
-            tp_group.all_gather_into_tensor(
-                out.view(tp_size * t.shape[0], *t.shape[1:]), t.contiguous()
-            )
-            return out
-
-        logprobs, tokens = topk_logprobs(
-            states, weight, k, vocab_start=start, world_size=tp_size, gather=gather
-        )
-        return logprobs.view(bs, depths, k), tokens.view(bs, depths, k)
+        """Per-depth top-k log-probs of the drafter over the (vocab-parallel) target head
+        (``ddtree_vocab.head_topk``, shared with the plugin form)."""
+        return head_topk(hidden, lm_head, self.ddtree_topk, get_tp_group(), draft_topk)
 
     def ddtree_prepare_verify(
         self,
