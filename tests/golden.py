@@ -221,9 +221,10 @@ def _plan_scenarios() -> dict[str, tuple[dict[str, Any], bool, dict[str, str], l
 def _normalise_plan(text: str) -> str:
     from ddtree_deploy import __version__
 
-    doc = json.loads(text)
-    doc["made_at"] = 0
-    doc["facts_at"] = {host: 0 for host in doc.get("facts_at", {})}  # when the cache was seeded
+    doc = json.loads(text)  # the --json document (docs/json.md): the plan is its results
+    plan = doc["results"]
+    plan["made_at"] = "<time>"
+    plan["facts_at"] = {host: "<time>" for host in plan.get("facts_at", {})}  # cache seeded
     text = json.dumps(doc, indent=1, sort_keys=True).replace(__version__, VERSION)
     return text.replace(str(ROOT), "<checkout>") + "\n"  # the same in every checkout
 

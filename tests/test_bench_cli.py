@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from json_envelope import check
 
 from ddtree_deploy.bench.results import Results
 from ddtree_deploy.facts.model import Facts
@@ -100,7 +101,7 @@ def test_plain_mode_sweep_on_localhost_with_the_h200_facts(setup: dict[str, Any]
                  "--requests", "1", "--max-new-tokens", "8", "--warmup-requests", "0", "--yes",
                  "--json", "--label", "synthetic: stand-in")
     assert out.exit_code == 0, out.output
-    summary = json.loads(out.stdout)
+    summary = check(out.stdout, out.exit_code).results  # docs/json.md, tests/json_envelope.py
     assert summary["mode"] == "plain" and summary["measured"] == 2
     path = setup["tmp"] / "state" / "ddtree-deploy" / "bench" / "localhost" / "svc" / \
         "results.json"
@@ -120,7 +121,7 @@ def test_plain_mode_sweep_on_localhost_with_the_h200_facts(setup: dict[str, Any]
     again = _bench(setup, "localhost", "svc", "--mode", "plain", "--configs", "none,ddtree:15/8",
                    "--concurrency", "1", "--sampling", "greedy", "--workloads", "code",
                    "--requests", "1", "--max-new-tokens", "8", "--yes", "--json")
-    assert again.exit_code == 0 and json.loads(again.stdout)["measured"] == 0
+    assert again.exit_code == 0 and check(again.stdout, 0).results["measured"] == 0
 
 
 def test_dry_run_shows_the_plan_and_starts_nothing(setup: dict[str, Any]) -> None:
@@ -128,7 +129,7 @@ def test_dry_run_shows_the_plan_and_starts_nothing(setup: dict[str, Any]) -> Non
                  str(HERE.parent / "benchmarks" / "grids" / "h200-small.yaml"), "--dry-run",
                  "--json")
     assert out.exit_code == 0, out.output
-    plan = json.loads(out.stdout)
+    plan = check(out.stdout, out.exit_code).results
     assert plan["dry_run"] and plan["to_measure"] == 4 * 3 * 2 * 2
     assert plan["configs"] == ["nospec", "dflash", "ddtree-15-8", "ddtree-31-8"]
     assert "--speculative-algorithm" not in plan["flags"]["nospec"]
@@ -182,7 +183,7 @@ def test_a_resume_on_another_stack_is_refused_unless_asked_and_then_marked(
             "--warmup-requests", "0", "--yes", "--json"]
     first = _bench(setup, *grid, "--configs", "none")
     assert first.exit_code == 0, first.output
-    path = Path(json.loads(first.stdout)["results"])
+    path = Path(check(first.stdout, 0).results["results"])
     before = path.read_bytes()
 
     from ddtree_deploy.cli import bench as cli_bench

@@ -79,7 +79,7 @@ def test_write_shows_the_diff_keeps_comments_and_stays_valid(hosts: Path) -> Non
     out = _cli("--hosts", str(hosts), "bench", "recommend", "--results", str(RECORDED),
                "--write", "svc", "--yes", "--json")
     assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+    data = json.loads(out.stdout)["results"]  # docs/json.md
     assert data["write"]["written"] is True
     assert "-    algorithm: dflash   # for now" in data["write"]["diff"]
     assert "+    algorithm: ddtree   # for now" in data["write"]["diff"]

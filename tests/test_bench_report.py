@@ -174,7 +174,7 @@ def test_report_cli_writes_markdown_html_latex_and_labels_synthetic(tmp_path: Pa
     src.write_text(json.dumps(data))
     out = _cli("bench", "report", "--results", str(src), "--out", str(tmp_path / "r"), "--json")
     assert out.returncode == 0, out.stderr
-    made: dict[str, Any] = json.loads(out.stdout)
+    made: dict[str, Any] = json.loads(out.stdout)["results"]
     md = (tmp_path / "r" / "report.md").read_text()
     page = (tmp_path / "r" / "report.html").read_text()
     tex = (tmp_path / "r" / "report.tex").read_text()

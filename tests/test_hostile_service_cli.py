@@ -81,7 +81,7 @@ def test_status_of_an_unknown_service_with_json_is_json(host: dict[str, Any],
 def test_status_and_list_of_a_known_service(host: dict[str, Any],
                                             capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _main(capsys, "service", "status", "one", "sglang-x", "--json")
-    assert rc == 0 and json.loads(out)[0]["unit"] == "sglang-x.service"
+    assert rc == 0 and json.loads(out)["results"][0]["unit"] == "sglang-x.service"
     rc, out, _ = _main(capsys, "service", "list", "one")
     assert rc == 0 and "running" in out and "…" not in out
     assert all(len(line) <= 80 for line in out.splitlines())

@@ -257,7 +257,7 @@ def test_sweep_holds_the_lock_puts_the_running_unit_back_and_resumes(setup: Setu
     assert not other.exists()
 
     assert code == 0, err
-    summary = json.loads(out)
+    summary = json.loads(out)["results"]  # docs/json.md
     assert summary["mode"] == "systemd" and summary["measured"] == 2
     assert summary["unhealthy"] == [] and summary["interrupted"] is False
     assert summary["restored"] == f"{UNIT} put back byte for byte and restarted"
@@ -297,7 +297,7 @@ def test_sweep_holds_the_lock_puts_the_running_unit_back_and_resumes(setup: Setu
     saved = results.read_bytes()
     again = cli(setup.hosts, *argv[5:])
     assert again.returncode == 0, again.stdout + again.stderr
-    resumed = json.loads(again.stdout)
+    resumed = json.loads(again.stdout)["results"]
     assert resumed["measured"] == 0 and resumed["already"] == 2 and resumed["configs"] == []
     assert results.read_bytes() == saved
     assert state(setup.hosts) == after and unit_bytes(setup.hosts) == setup.original
@@ -339,14 +339,15 @@ def test_ctrl_c_puts_the_stopped_unit_back_keeps_what_was_measured_and_resume_co
     kept = json.loads(results.read_text())
     assert len(kept["cells"]) == 2  # dflash's two cells; the next start was held at the gate
     assert kept["grid"]["prompts"] == "ids"
-    said = json.loads(out)  # --json: what was measured and put back, also when interrupted
-    assert said["interrupted"] is True and said["exit_code"] == 130
+    doc = json.loads(out)  # --json: what was measured and put back, also when interrupted
+    said = doc["results"]
+    assert said["interrupted"] is True and doc["exit_code"] == 130
     assert said["measured"] == len(kept["cells"])
     assert said["restored"].startswith(f"{UNIT} put back byte for byte (stopped, as it was)")
 
     again = cli(setup.hosts, *argv[5:])
     assert again.returncode == 0, again.stdout + again.stderr
-    resumed = json.loads(again.stdout)
+    resumed = json.loads(again.stdout)["results"]
     assert resumed["already"] == len(kept["cells"])
     assert resumed["measured"] == total - len(kept["cells"])
     data = json.loads(results.read_text())

@@ -38,7 +38,7 @@ def sh(lab: Config, script: str, *args: str) -> str:
 
 
 def pending(plan_json: str) -> list[tuple[str, str]]:
-    return [(s["kind"], s["title"]) for s in json.loads(plan_json)["steps"]
+    return [(s["kind"], s["title"]) for s in json.loads(plan_json)["results"]["steps"]
             if not s["satisfied"] and s["kind"] != "service.probe"]
 
 
@@ -169,7 +169,8 @@ def test_an_older_payload_is_upgraded_in_place_by_apply(fresh: Config, tmp_path:
     down = cli(lab, "payload", "deploy", "ct200", "--venv", VENV, "--payload", str(older),
                "--json")
     assert down.returncode == 0, down.stdout + down.stderr
-    assert json.loads(down.stdout)["action"] == "upgraded"  # from the shipped one, in place
+    # from the shipped one, in place
+    assert json.loads(down.stdout)["results"]["action"] == "upgraded"
     pid = sh(lab, "systemctl show -p MainPID --value sglang-ddtree").strip()
 
     plan = cli(lab, "plan", "ct200", "--json", "--refresh")
@@ -177,14 +178,15 @@ def test_an_older_payload_is_upgraded_in_place_by_apply(fresh: Config, tmp_path:
     assert pending(plan.stdout) == [("payload.upgrade", "DDTree payload"),
                                     ("unit.install", "sglang-ddtree.service"),
                                     ("service.start", "sglang-ddtree.service")]
-    step = next(s for s in json.loads(plan.stdout)["steps"] if s["kind"] == "payload.upgrade")
+    step = next(s for s in json.loads(plan.stdout)["results"]["steps"]
+                if s["kind"] == "payload.upgrade")
     assert step["reason"] == (f"payload ddtree 0.0.9-older is installed; this tool ships "
                               f"ddtree {shipped.version}")
 
     applied = cli(lab, "apply", "ct200", "--yes")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "payload.upgrade" in applied.stdout and "converged" in applied.stdout
-    status = json.loads(cli(lab, "payload", "status", "ct200", "--json").stdout)
+    status = json.loads(cli(lab, "payload", "status", "ct200", "--json").stdout)["results"]
     assert status[VENV]["version"] == shipped.version
     assert sh(lab, "systemctl is-active sglang-ddtree").strip() == "active"
     assert sh(lab, "systemctl show -p MainPID --value sglang-ddtree").strip() != pid  # restarted

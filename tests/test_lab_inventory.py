@@ -24,7 +24,8 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def facts_of(stdout: str) -> dict[str, Facts]:
-    return {d["host"]: Facts.model_validate(d) for d in json.loads(stdout) if "nvidia" in d}
+    return {d["host"]: Facts.model_validate(d) for d in json.loads(stdout)["results"]
+            if "nvidia" in d}
 
 
 def test_inventory_shows_dead_busy_and_lanes(lab: Config) -> None:
@@ -75,15 +76,15 @@ def test_unreachable_host_is_a_row_and_exit_3(lab: Config, tmp_path: Path) -> No
     )
     r = cli("--hosts", str(hosts), "inventory", "--json", "--refresh")
     assert r.returncode == 3
-    rows = {d["host"]: d for d in json.loads(r.stdout)}
-    assert "unreachable" in rows["gone"]["error"]
+    rows = {d["host"]: d for d in json.loads(r.stdout)["results"]}
+    assert "unreachable" in rows["gone"]["error"]["message"]
     assert rows["ct129"]["nvidia"]["gpus"]
 
 
 def test_doctor_lists_every_problem_of_the_first_attempt_venv(lab: Config) -> None:
     r = cli("--hosts", str(lab.path), "doctor", "ct200", "--venv", "/root/venv_sglang", "--json")
     assert r.returncode == 1, r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["results"]
     assert report["host"] == "ct200" and report["venv"] == "/root/venv_sglang"
     ids = {f["id"] for f in report["findings"]}
     assert {
@@ -103,7 +104,7 @@ def test_doctor_lists_every_problem_of_the_first_attempt_venv(lab: Config) -> No
 
 def test_doctor_on_the_working_venv_finds_no_error(lab: Config) -> None:
     r = cli("--hosts", str(lab.path), "doctor", "ct129", "--venv", "/root/ml-env", "--json")
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["results"]
     assert [f["id"] for f in report["findings"] if f["severity"] == "error"] == []
     assert r.returncode == 0
 
@@ -111,7 +112,7 @@ def test_doctor_on_the_working_venv_finds_no_error(lab: Config) -> None:
 def test_doctor_checks_the_model_fit_of_the_deployment(lab: Config) -> None:
     r = cli("--hosts", str(lab.path), "doctor", "ct200", "--deployment", "sglang-ddtree",
             "--json", "--refresh")
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["results"]
     fit = next(f for f in report["findings"] if f["id"] == "model.fit")
     assert 25600 in fit["evidence"].values() or "25600" in json.dumps(fit["evidence"])
     ids = {f["id"] for f in report["findings"]}

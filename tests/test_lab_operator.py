@@ -51,7 +51,7 @@ def test_overlay_history_writes_nothing_in_declared_venvs(lab: Config) -> None:
     before = sh(lab, "ct200", SNAPSHOT, *VENVS)
     r = cli(lab.path, "overlay", "history", "ct200", "--json")
     assert r.returncode == 0, r.stderr
-    assert set(json.loads(r.stdout)) == set(VENVS)
+    assert set(json.loads(r.stdout)["results"]) == set(VENVS)
     assert sh(lab, "ct200", SNAPSHOT, *VENVS) == before
 
 
@@ -64,7 +64,7 @@ def test_plan_shows_the_reachable_host_beside_an_unreachable_one(lab: Config,
                      "    ssh_persist: 0\n    connect_timeout: 5\n" + sep + tail)
     r = cli(hosts, "plan", "ct200", "gone", "--json", "--refresh")
     assert r.returncode == 3, r.stdout + r.stderr
-    doc = json.loads(r.stdout)
+    doc = json.loads(r.stdout)["results"]  # docs/json.md
     assert set(doc["errors"]) == {"gone"}
     assert {s["host"] for s in doc["steps"]} == {"ct200"} and doc["fingerprints"]["ct200"]
 
@@ -78,7 +78,7 @@ def test_service_commands_say_what_they_found(lab: Config) -> None:
     assert status.stdout.strip(), "service status printed nothing"
     listed = cli(lab.path, "service", "list", "ct200", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert all(u["unit"] != "qwen-wrapper.service" for u in json.loads(listed.stdout))
+    assert all(u["unit"] != "qwen-wrapper.service" for u in json.loads(listed.stdout)["results"])
 
 
 def test_hosts_check_shows_the_dead_gpu(lab: Config) -> None:

@@ -66,20 +66,21 @@ def states(lab_session: None) -> dict[str, dict[str, dict[str, str]]]:
 def test_overlay_round_trip(lab: Config, states: dict) -> None:
     dry = overlay(lab, "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    plan = json.loads(dry.stdout)
+    plan = json.loads(dry.stdout)["results"]  # docs/json.md
     actions = {c["name"]: c["action"] for c in plan["changes"]}
     assert actions["torch"] == "replace" and actions["sglang-kernel"] == "add"
     assert actions["nvidia-cuda-runtime-cu12"] == "remove"
     assert lane_state(lab) == states["old"]  # a dry run changes nothing
     r = overlay(lab)
     assert r.returncode == 0, r.stderr
-    done = json.loads(r.stdout)
+    done = json.loads(r.stdout)["results"]
     assert done["result"] == "applied" and all(c["ok"] for c in done["checks"])
     assert lane_state(lab) == states["new"]
     assert not any(n.endswith("-cu12") for n in states["new"])  # superseded: removed
-    again = json.loads(overlay(lab).stdout)
+    again = json.loads(overlay(lab).stdout)["results"]
     assert again["result"] == "unchanged" and again["bytes_fetched"] == 0
-    doctor = json.loads(cli(lab, "doctor", "ct200", "--venv", VENV, "--json", "--refresh").stdout)
+    doctor = json.loads(cli(lab, "doctor", "ct200", "--venv", VENV, "--json",
+                            "--refresh").stdout)["results"]
     assert "venv.lane-mix" not in {f["id"] for f in doctor["findings"]}
     history = cli(lab, "overlay", "history", "ct200", "--venv", VENV).stdout
     assert '"result": "applied"' in history
@@ -127,7 +128,7 @@ def test_killing_the_cli_never_mixes_old_and_new(lab: Config, states: dict) -> N
         cached_before = {p.name for p in Path(blobs).rglob("*.zst")} if blobs.exists() else set()
         r = overlay(lab)
         assert r.returncode == 0, f"trial {trial}: re-run failed: {r.stderr}"
-        report = json.loads(r.stdout)
+        report = json.loads(r.stdout)["results"]
         assert lane_state(lab) == states["new"]
         if len(cached_before) >= len({s for d in states["new"].values() for s in d.values()}):
             assert report["bytes_fetched"] == 0, f"trial {trial}: re-sent cached bytes"

@@ -56,7 +56,7 @@ def test_payload_deploy_then_ddtree_serves_then_rollback_refuses(lab: Config,
     try:
         r = cli(hosts, "payload", "deploy", "ct129", "--venv", ML_ENV, "--json")
         assert r.returncode == 0, r.stderr
-        report = json.loads(r.stdout)
+        report = json.loads(r.stdout)["results"]  # docs/json.md
         assert report["action"] == "deployed" and report["sglang"] == "0.5.11"
         checks = {c["name"]: c for c in report["checks"]}
         assert checks["spec_info"]["status"] == "passed"
@@ -64,7 +64,7 @@ def test_payload_deploy_then_ddtree_serves_then_rollback_refuses(lab: Config,
         assert '"dflash": true' in checks["spec_info"]["detail"]
         # the lab's stand-in torch is not the full stack: the normal import is skipped, and said
         assert all(c["status"] == "skipped" for c in checks.values() if c["mode"] == "full")
-        status = json.loads(cli(hosts, "payload", "status", "ct129", "--json").stdout)
+        status = json.loads(cli(hosts, "payload", "status", "ct129", "--json").stdout)["results"]
         assert status[ML_ENV]["version"] == report["payload"]
         up = start_ddtree(hosts)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -75,7 +75,7 @@ def test_payload_deploy_then_ddtree_serves_then_rollback_refuses(lab: Config,
         cli(hosts, "service", "down", "ct129", "ddtree-lab", "--remove")
         back = cli(hosts, "payload", "rollback", "ct129", "--venv", ML_ENV, "--json")
     assert back.returncode == 0, back.stderr
-    assert json.loads(back.stdout)["action"] == "rolled back"
+    assert json.loads(back.stdout)["results"]["action"] == "rolled back"
     assert package_hashes(lab) == before
     refused = start_ddtree(hosts)
     cli(hosts, "service", "down", "ct129", "ddtree-lab", "--remove")

@@ -53,7 +53,7 @@ def hosts_0517(tmp_path: Path, extra: list[str]) -> Path:
 
 
 def pending(plan_json: str) -> list[tuple[str, str]]:
-    return [(s["kind"], s["title"]) for s in json.loads(plan_json)["steps"]
+    return [(s["kind"], s["title"]) for s in json.loads(plan_json)["results"]["steps"]
             if not s["satisfied"] and s["kind"] != "service.probe"]
 
 
@@ -100,14 +100,14 @@ def test_a_0517_deployment_is_planned_applied_and_probed_with_the_plugin(
     assert again.returncode == 0, pending(again.stdout)
 
     verified = cli(hosts, "payload", "verify", "ct200", "--venv", VENV, "--json")
-    checks = {c["name"]: c["status"] for c in json.loads(verified.stdout)["checks"]}
+    checks = {c["name"]: c["status"] for c in json.loads(verified.stdout)["results"]["checks"]}
     assert checks["files"] == "passed" and checks["plugin"] == "passed", verified.stdout
     assert checks["sglang_untouched"] == "passed", "the sglang package was written into"
     assert checks.get("plugin_import") == "skipped"  # the lab's torch is a stand-in
     cli(hosts, "service", "down", "ct200", "sglang-ddtree")
     back = cli(hosts, "payload", "rollback", "ct200", "--venv", VENV, "--json")
     assert back.returncode == 0, back.stdout + back.stderr
-    assert json.loads(back.stdout)["action"] == "rolled back"
+    assert json.loads(back.stdout)["results"]["action"] == "rolled back"
     eps = sh(fresh, f"{VENV}/bin/python -I -c 'from importlib.metadata import entry_points; "
                     "print(sorted(e.name for e in entry_points(group=\"sglang.srt.plugins\")))'")
     assert eps.strip() == "[]"

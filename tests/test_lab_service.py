@@ -48,8 +48,9 @@ def cleanup(lab: Config) -> Iterator[list[tuple[str, str]]]:
 
 def probe_json(lab: Config, host: str, name: str, deadline: str = "60") -> dict:
     r = cli(lab, "probe", host, name, "--json", "--deadline", deadline)
-    verdict = json.loads(r.stdout)
-    assert r.returncode == verdict["exit_code"]
+    doc = json.loads(r.stdout)  # docs/json.md: the verdict is the results
+    verdict: dict = doc["results"]
+    assert r.returncode == verdict["exit_code"] == doc["exit_code"]
     return verdict
 
 
@@ -75,7 +76,7 @@ def test_dflash_service_on_ct129_gpu0_is_healthy(lab: Config, cleanup: list) -> 
     assert "nvidia/cu13/lib" in unit  # LD_LIBRARY_PATH from the venv's real folders
     main_pid = sh(lab, "ct129", "systemctl show -p MainPID --value sglang-dflash").strip()
     assert compute_pids(lab, "ct129") == [main_pid]
-    listed = json.loads(cli(lab, "service", "list", "ct129", "--json").stdout)
+    listed = json.loads(cli(lab, "service", "list", "ct129", "--json").stdout)["results"]
     assert [s["unit"] for s in listed] == ["sglang-dflash.service"]
     assert cli(lab, "service", "down", "ct129", "sglang-dflash").returncode == 0
     assert compute_pids(lab, "ct129") == []

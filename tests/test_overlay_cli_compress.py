@@ -79,7 +79,7 @@ def test_the_compress_option_reaches_the_streams_choice(tmp_path: Path, mode: st
     proc = subprocess.run([*argv, "--compress", mode], env=env, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = json.loads(proc.stdout)["results"]  # docs/json.md
     assert out["result"] == "applied", out
     assert out["source_compression"]["reason"] == f"--compress {mode}"
     assert out["source_compression"]["compress"] is (mode == "always")
@@ -97,7 +97,7 @@ def test_auto_measures_and_says_what_compressing_would_cost(tmp_path: Path) -> N
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)  # no --compress: auto
     assert proc.returncode == 0, proc.stderr
-    choice = json.loads(proc.stdout)["source_compression"]
+    choice = json.loads(proc.stdout)["results"]["source_compression"]
     assert choice["reason"] != "--compress auto" and choice["ratio"] > 1
     assert choice["cpu_s_per_gb"] > 0 and choice["spare_cores"] >= 1
     assert (site / "demo_lib" / "libdemo.so").stat().st_size == 3 << 20

@@ -92,7 +92,7 @@ def test_an_unchanged_overlay_run_imports_only_what_it_uses(tmp_path: Path) -> N
     code, modules, stdout = _loaded(tmp_path, _UNCHANGED_RUN, "--hosts", str(hosts), "overlay",
                                     "--abi", "cu130", "--to", "ct200:/root/bv", "--json")
     assert code == 0, stdout
-    assert json.loads(stdout)["result"] == "unchanged"
+    assert json.loads(stdout)["results"]["result"] == "unchanged"
     assert "ddtree_deploy.overlay.lanefile" in modules  # the run did happen
     assert _hits(modules, OTHER_COMMANDS + UNCHANGED_NEEDS_NONE) == []
 

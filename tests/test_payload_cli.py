@@ -32,11 +32,11 @@ def test_status_exits_1_when_a_state_cannot_be_read_and_0_when_it_can(tmp_path: 
                str(payload_folder(tmp_path))).returncode == 0
     good = cli(tmp_path, "status", "ws", "--json")
     assert good.returncode == 0, good.stdout + good.stderr
-    assert json.loads(good.stdout)[str(venv)]["version"] == "0.2.0"
+    assert json.loads(good.stdout)["results"][str(venv)]["version"] == "0.2.0"
     (venv / ".ddtree-deploy/payload.json").write_text('{"payload": "ddtree"}')
     bad = cli(tmp_path, "status", "ws", "--json")
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "is not a payload state" in json.loads(bad.stdout)[str(venv)]["error"]
+    assert "is not a payload state" in json.loads(bad.stdout)["results"][str(venv)]["error"]
     table = cli(tmp_path, "status", "ws")
     assert table.returncode == 1 and "Traceback" not in table.stderr
 
@@ -46,7 +46,9 @@ def test_verify_without_a_payload_answers_json_and_exits_1(tmp_path: Path) -> No
     r = cli(tmp_path, "verify", "ws", "--venv", str(venv), "--payload",
             str(payload_folder(tmp_path)), "--json")
     assert r.returncode == 1
-    assert json.loads(r.stdout) == {"venv": str(venv), "action": "no payload deployed"}
+    assert json.loads(r.stdout) == {
+        "ok": True, "results": {"venv": str(venv), "action": "no payload deployed"},
+        "exit_code": 1, "schema": 1}
 
 
 def test_an_upgrade_says_from_what(tmp_path: Path) -> None:

@@ -109,7 +109,7 @@ def test_plugin_deploy_verify_rollback_leave_sglang_byte_identical(world: Path, 
     assert state["form"] == "plugin" and state["sglang"] == release and state["files"]
     r = cli(world, "verify", "localhost", "--venv", str(venv), "--json")
     _ok(r)
-    checks = {c["name"]: c["status"] for c in json.loads(r.stdout)["checks"]}
+    checks = {c["name"]: c["status"] for c in json.loads(r.stdout)["results"]["checks"]}
     assert checks["files"] == "passed" and checks["plugin"] == "passed", r.stdout
     assert checks["sglang_untouched"] == "passed", r.stdout
     assert _tree(_sglang(venv)) == before
@@ -144,7 +144,7 @@ def test_a_changed_plugin_file_fails_verify(world: Path) -> None:
     (site / "ddtree_sglang/plugin.py").write_text("# changed by hand\n")
     r = cli(world, "verify", "localhost", "--venv", str(venv), "--json")
     assert r.returncode == 1, r.stdout + r.stderr
-    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    checks = {c["name"]: c for c in json.loads(r.stdout)["results"]["checks"]}
     assert checks["files"]["status"] == "failed"
     assert "ddtree_sglang/plugin.py" in checks["files"]["detail"]
 

@@ -205,7 +205,7 @@ def test_verify_compares_files_with_the_recorded_digests(world: tuple[Path, Path
     r = cli(root, "verify", "localhost", "--venv", str(venv), "--payload", str(payload),
             "--json")
     assert r.returncode == 1, r.stdout + r.stderr
-    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    checks = {c["name"]: c for c in json.loads(r.stdout)["results"]["checks"]}
     assert checks["files"]["status"] == "failed"
     assert "srt/speculative/ddtree_extra.py" in checks["files"]["detail"]
     assert checks["spec_info"]["status"] == "passed"  # the manifest's own check cannot see it

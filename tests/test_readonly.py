@@ -72,8 +72,8 @@ def test_reads_write_nothing_in_declared_venvs(site: dict[str, Path]) -> None:
     before = tree(venvs)
     history = cli(root, "overlay", "history", "ws", "--json")
     assert history.returncode == 0, history.stdout + history.stderr
-    assert json.loads(history.stdout) == {str(site["serving"]): [], str(site["missing"]): [],
-                                          str(site["bare"]): []}
+    assert json.loads(history.stdout)["results"] == {
+        str(site["serving"]): [], str(site["missing"]): [], str(site["bare"]): []}
     text = cli(root, "overlay", "history", "ws")
     assert f"{site['missing']}: 0 entries (venv not found" in text.stdout, text.stdout
     for args in (("inventory", "ws", "--refresh"), ("doctor", "ws", "--refresh"),
@@ -93,14 +93,14 @@ def test_history_reads_what_an_overlay_wrote(site: dict[str, Path]) -> None:
     before = tree(site["venvs"])
     ran = cli(site["root"], "overlay", "history", "ws", "--venv", str(site["serving"]), "--json")
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout) == {str(site["serving"]): [entry]}
+    assert json.loads(ran.stdout)["results"] == {str(site["serving"]): [entry]}
     assert tree(site["venvs"]) == before
 
 
 def test_a_folder_without_python_is_no_venv(site: dict[str, Path]) -> None:
     ran = cli(site["root"], "inventory", "ws", "--json", "--refresh")
     assert ran.returncode == 0, ran.stderr
-    (facts,) = json.loads(ran.stdout)
+    (facts,) = json.loads(ran.stdout)["results"]
     by_path = {v["path"]: v for v in facts["venvs"]}
     assert by_path[str(site["serving"])]["exists"] is True
     bare = by_path[str(site["bare"])]

@@ -43,7 +43,7 @@ def test_doctor_reports_the_cuda12_vs_13_mismatch_with_evidence(mixed_venv: Path
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert r.returncode == 1, r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["results"]  # docs/json.md
     mix = next(f for f in report["findings"] if f["id"] == "venv.lane-mix")
     assert mix["severity"] == "error"
     evidence = json.dumps(mix["evidence"])

@@ -2,8 +2,8 @@
 
 Every command shares the exit codes of errors.ExitCode; a DeployError becomes its
 message and exit code, never a traceback. With --json, the error is also printed on
-stdout as a JSON object ({"error": ..., "exit_code": ...}), so a machine reading
-stdout always gets JSON. Output that cannot be written (stdout on a full disk) is
+stdout as the one JSON document of a failure (cli/errdoc.py, docs/json.md), so a machine
+reading stdout always gets JSON. Output that cannot be written (stdout on a full disk) is
 one line on stderr and exit 1; Ctrl-C while the CLI is still starting exits 130.
 """
 

@@ -9,8 +9,8 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from ddtree_deploy.cli.common import config_of, console, is_tty, print_json, rich_console
-from ddtree_deploy.errors import ExitCode, UsageError
+from ddtree_deploy.cli.common import config_of, console, is_tty, print_results, rich_console
+from ddtree_deploy.errors import ExitCode, RefusedError, UsageError
 
 
 class _BenchGroup(TyperGroup):
@@ -181,7 +181,7 @@ def run(
         if not plan.todo:
             _say(f"all {plan.skipped} cells of the grid are measured in {path}; nothing to run")
             if as_json:
-                print_json(out, {**summary, "measured": 0})
+                print_results(out, {**summary, "measured": 0})
             return
         what = "a plain process" if mode == "plain" else f"{base.unit_name}"
         _say(f"bench will restart {what} on {spec_host.name} {len(restarts)} time(s) "
@@ -189,13 +189,15 @@ def run(
              f"({plan.skipped} already measured); the service is put back as it was at the end")
         if dry_run:
             if as_json:
-                print_json(out, {**summary, "dry_run": True})
+                print_results(out, {**summary, "dry_run": True})
             return
         if not yes:
             if not sys.stdin.isatty():
                 raise UsageError("bench restarts the service: confirm on a terminal, or pass "
                                  "--yes")
-            if not typer.confirm("Run the sweep?", default=False):
+            if not typer.confirm("Run the sweep?", default=False, err=as_json):
+                if as_json:  # the one document says so
+                    raise RefusedError("the sweep was not confirmed: nothing was run")
                 raise typer.Exit(int(ExitCode.FAILED))
         if dep is not None and base.secrets:  # the key and token files the unit reads
             from ddtree_deploy.service import endpoint
@@ -212,18 +214,19 @@ def run(
                     hooks=hooks), len(plan.todo), lock.check, as_json)
         except SweepInterrupted as stop:
             summary.update(stop.summary)
-            if as_json:
-                print_json(out, {**summary, "exit_code": EXIT_INTERRUPTED})
             _say(f"interrupted: {summary['measured']} cells measured, kept in {path}; a re-run "
                  "measures the rest")
+            if as_json:
+                print_results(out, summary, EXIT_INTERRUPTED)
             raise typer.Exit(EXIT_INTERRUPTED) from None
     summary.update(swept)
+    code = int(ExitCode.FAILED) if swept["unhealthy"] else 0
     if as_json:
-        print_json(out, summary)
-    else:
-        _say(f"measured {swept['measured']} cells; results: {path} (+ .csv)")
-    if swept["unhealthy"]:
-        raise typer.Exit(int(ExitCode.FAILED))
+        print_results(out, summary, code)
+        return
+    _say(f"measured {swept['measured']} cells; results: {path} (+ .csv)")
+    if code:
+        raise typer.Exit(code)
 
 
 def _with_progress(body: Any, total: int, check_lock: Any, as_json: bool) -> dict[str, Any]:
@@ -294,7 +297,7 @@ def report(
     results = Results.load(path)
     made = build_report(results, folder)
     if as_json:
-        print_json(out, made.to_json())
+        print_results(out, made.to_json())
         return
     _say(f"report: {made.out_dir / 'report.md'} and report.html ({len(made.files)} files)")
     overall = made.recommendation.get("overall")
@@ -363,11 +366,15 @@ def recommend_cmd(
                 if not sys.stdin.isatty():
                     raise UsageError("recommend --write edits the hosts file: confirm on a "
                                      "terminal, or pass --yes")
-                if not typer.confirm(f"Write this into {config.path}?", default=False):
+                if not typer.confirm(f"Write this into {config.path}?", default=False,
+                                     err=as_json):
+                    if as_json:  # the one document says so
+                        raise RefusedError(f"{config.path}: the write was not confirmed: "
+                                           "nothing was written")
                     raise typer.Exit(int(ExitCode.FAILED))
             hostsedit.write(config.path, new)
             data["write"]["written"] = True
             _say(f"{config.path}: deployment {write} now uses {choice.name}; "
                  f"`ddtree-deploy plan` shows the restart it needs")
     if as_json:
-        print_json(out, data)
+        print_results(out, data)

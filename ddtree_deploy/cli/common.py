@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -127,13 +126,28 @@ WIDE_HELP = "on a terminal, tables at their full width (nothing folded); not on 
             "terminal they are plain rows anyway"
 
 
-def print_json(con: Console, data: object) -> None:
-    """JSON for machines: plain text when stdout is a pipe or a file (fast, nothing to strip),
-    highlighted by rich on a terminal. `data` is a JSON-able value or a JSON text."""
-    value = json.loads(data) if isinstance(data, str) else data
+def print_results(con: Console, results: object, code: int = 0) -> None:
+    """Under --json: the command's results in the one success document (cli/errdoc.py,
+    docs/json.md), then exit with `code` when it is not 0, so the document's exit_code is
+    always the process's. Plain text when stdout is a pipe or a file (fast, nothing to strip),
+    highlighted by rich on a terminal. `results` is a JSON-able value."""
+    from ddtree_deploy.cli import errdoc
+
+    value = errdoc.success(results, code)
     if is_tty(con):
         con.print_json(data=value)
     else:
         stream = raw_stream(con)
-        stream.write(json.dumps(value, indent=2) + "\n")
+        stream.write(errdoc.dumps(value))
         stream.flush()
+    if code:
+        raise typer.Exit(int(code))
+
+
+def host_failure(host: str, exc: Exception) -> dict[str, Any]:
+    """A host that failed, inside a multi-host command's results: its name, and the error
+    object and exit code a failure's document has."""
+    from ddtree_deploy.cli import errdoc
+
+    return {"host": host, "ok": False, "error": errdoc.exc_error(exc),
+            "exit_code": int(getattr(exc, "exit_code", 1))}

@@ -7,15 +7,17 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ddtree_deploy.cli.common import (
     config_of,
     console,
+    host_failure,
     hosts_or_all,
     is_tty,
-    print_json,
+    print_results,
     rich_console,
 )
 from ddtree_deploy.cli.files import output_path, read_input, write_output
@@ -23,12 +25,15 @@ from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.hosts import EMBEDDED, Config
 from ddtree_deploy.errors import DeployError, ExitCode, RefusedError, UsageError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 out = console(soft_wrap=True)
 err = console(stderr=True, soft_wrap=True)
 MARK = {True: "[green]=[/green]", False: "[yellow]+[/yellow]"}
 
 
-def _render(plan_: object) -> None:
+def _render(plan_: object, out: Console = out) -> None:
     from ddtree_deploy.converge.steps import Plan
 
     assert isinstance(plan_, Plan)
@@ -54,7 +59,7 @@ def _render(plan_: object) -> None:
     if planned:
         out.print(f"\nPlan: {n} to change, {len(plan_.steps) - n} satisfied or checks."
                   if n else "\nNo changes: every deployment is as hosts.yaml says.")
-    _facts_age(plan_)
+    _facts_age(plan_, out)
     for host, failure in plan_.errors.items():  # whole, under the plan: never hidden
         out.print(f"[red]{esc(host)}: not planned[/red]: {esc(failure.get('error'))}",
                   highlight=False)
@@ -63,7 +68,7 @@ def _render(plan_: object) -> None:
 AGE_SHOWN_S = 5.0  # facts older than this are said to be so
 
 
-def _facts_age(plan_: object) -> None:
+def _facts_age(plan_: object, out: Console = out) -> None:
     """Say how old each host's facts are when they came from the cache."""
     from ddtree_deploy.converge.steps import Plan
 
@@ -94,11 +99,11 @@ def plan(
         raise next(iter(p.failures.values()))
     if out_path is not None:
         write_output(out_path, json.dumps(p.as_json(), indent=1), "--out")
-    if as_json:
-        print_json(out, p.as_json())
-    else:
-        _render(p)
     code = p.exit_code()  # 3 (some hosts not planned) wins over 4 (changes pending)
+    if as_json:
+        print_results(out, p.as_json(), code)
+        return
+    _render(p)
     if code:
         raise typer.Exit(code)
 
@@ -163,6 +168,7 @@ def apply(
                                 help="-v: each command sent to a host, its exit and seconds, "
                                      "on stderr (secrets as ***); -vv: and what it prints, "
                                      "line by line as it comes"),
+    as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Converge each host on its deployments: idempotent, resumable, one host's failure
     does not stop the others. Each step is said on stderr as it begins and ends (with its
@@ -202,21 +208,25 @@ def apply(
         raise UsageError("apply changes hosts: confirm on a terminal, or pass --yes")
     shown = threading.Lock()
 
+    human = err if as_json else out  # under --json stdout holds the one document
+
     def show(host: str, steps: list[Step]) -> None:  # the plan each host runs, made under its lock
         with shown:
-            _render(Plan([host], steps, {}, made_at=time.time()))
+            _render(Plan([host], steps, {}, made_at=time.time()), human)
             if not any(s.pending for s in steps):
-                out.print(f"apply: nothing to change on {host}; probing the services")
+                human.print(f"apply: nothing to change on {host}; probing the services")
 
     if not yes:
         if saved is None:  # a preview to confirm; under its lock each host must still match it
             saved = make_plan(config, names, refresh=True)
         else:
-            out.print(plain(f"the saved plan {plan_file}, made "
-                            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.made_at))}"
-                            ":"), markup=False, highlight=False)
-        _render(saved)  # what will run, shown before the question
-        if not typer.confirm(f"Apply to {', '.join(names)}?", default=False):
+            human.print(plain(f"the saved plan {plan_file}, made "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.made_at))}"
+                              ":"), markup=False, highlight=False)
+        _render(saved, human)  # what will run, shown before the question
+        if not typer.confirm(f"Apply to {', '.join(names)}?", default=False, err=as_json):
+            if as_json:  # the one document says so
+                raise RefusedError("apply was not confirmed: nothing was changed")
             raise typer.Exit(int(ExitCode.FAILED))
 
     def one(host: str) -> object:
@@ -242,6 +252,12 @@ def apply(
     # on a terminal: a live status line per host and the lane copy's bars; else plain lines
     with ApplyView(rich_console(err), verbose=verbose, terminal=is_tty(err)) as view:
         outcomes = fan_out(names, one, concurrency=concurrency)
+    code = exit_code(outcomes)
+    if as_json:
+        print_results(out, [_applied(o.host, o.value) if o.ok and o.value is not None
+                            else host_failure(o.host, o.error or DeployError("failed"))
+                            for o in outcomes], int(code))
+        return
     for o in outcomes:
         if o.ok:
             run = o.value
@@ -256,6 +272,16 @@ def apply(
             if verbose >= 2 and o.error is not None:  # -vv: the failed command's whole stderr
                 for line in failure_output(o.host, o.error):
                     view.say(line)
-    code = exit_code(outcomes)
     if code:
         raise typer.Exit(int(code))
+
+
+def _applied(host: str, run: Any) -> dict[str, Any]:
+    """A converged host in apply's --json results: the steps it ran (with seconds), the
+    services' verdict and where its run log is."""
+    return {"host": host, "ok": True,
+            "steps": [s.as_json() for s in run.done],
+            "timings": [{"kind": kind, "title": title, "seconds": round(seconds, 3)}
+                        for kind, title, seconds in run.timings],
+            "verdict": run.verdict, "seconds": round(run.total_s, 3),
+            "run_log": str(run.log.path) if run.log is not None else None}

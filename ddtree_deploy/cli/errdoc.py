@@ -1,12 +1,21 @@
-"""The JSON a command prints on stdout when it fails under --json (schema 1):
+"""The one JSON document a command prints on stdout under --json (schema 1; docs/json.md).
+
+A success (the command did its work and reports it; `exit_code` is its verdict: 0, or 4 for
+plan's pending changes, 3 when some hosts failed, 1 for a failed check or an unhealthy
+service):
+
+    {"ok": true, "results": <the command's data>, "exit_code": int, "schema": 1}
+
+A failure (the command stopped on an error: the tool's own, a DeployError, or a usage error
+typer finds: an unknown option, a missing argument, a bad value):
 
     {"ok": false,
      "error": {"message": str, "hint": str | null, "file": str | null, "line": int | null},
      "exit_code": int, "schema": 1}
 
-for the tool's own errors (a DeployError) and for usage errors typer finds (an unknown option,
-a missing argument, a bad value), so a machine reading stdout under --json always gets one
-object of one shape. The same text also goes to stderr for a person.
+so a machine reading stdout under --json always gets one object of one shape, and `exit_code`
+is always the process's. The error's text also goes to stderr for a person. A host that failed
+inside a multi-host command's results is the same `error` object, beside its host's name.
 """
 
 from __future__ import annotations
@@ -20,24 +29,34 @@ SCHEMA = 1
 _WHERE = re.compile(r"(?P<file>[^\s:][^:\n]*):(?P<line>\d+): ")
 
 
-def document(message: str, code: int, *, hint: str | None = None) -> dict[str, Any]:
+def error_of(message: str, hint: str | None = None) -> dict[str, Any]:
+    """The `error` object: the message, its hint apart, and the file and line it names."""
     where = _WHERE.match(message)
     return {
-        "ok": False,
-        "error": {
-            "message": message,
-            "hint": hint,
-            "file": where.group("file") if where else None,
-            "line": int(where.group("line")) if where else None,
-        },
-        "exit_code": code,
-        "schema": SCHEMA,
+        "message": message,
+        "hint": hint,
+        "file": where.group("file") if where else None,
+        "line": int(where.group("line")) if where else None,
     }
 
 
+def exc_error(exc: Exception) -> dict[str, Any]:
+    """A DeployError's `error` object: its message and hint apart (str() glues them)."""
+    return error_of(str(getattr(exc, "message", exc)), getattr(exc, "hint", None))
+
+
+def document(message: str, code: int, *, hint: str | None = None) -> dict[str, Any]:
+    return {"ok": False, "error": error_of(message, hint), "exit_code": code, "schema": SCHEMA}
+
+
+def success(results: Any, code: int = 0) -> dict[str, Any]:
+    """A success's document: the command's results and its exit code."""
+    return {"ok": True, "results": results, "exit_code": int(code), "schema": SCHEMA}
+
+
 def of_error(exc: Exception, code: int) -> dict[str, Any]:
-    """A DeployError's document: its message and hint apart (str() glues them)."""
-    return document(str(getattr(exc, "message", exc)), code, hint=getattr(exc, "hint", None))
+    """A DeployError's document."""
+    return {"ok": False, "error": exc_error(exc), "exit_code": code, "schema": SCHEMA}
 
 
 def of_usage(exc: Any) -> dict[str, Any]:

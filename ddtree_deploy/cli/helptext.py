@@ -34,10 +34,12 @@ def _label(param: Any) -> str | None:
     return _BY_TYPE.get(kind)
 
 
+JSON_HELP = ("print one JSON document for machines, a failure too: {ok, results | error, "
+             "exit_code, schema} (docs/json.md)")
 # What a parameter of this name means wherever it appears without help of its own.
 COMMON_HELP = {
-    "as_json": "print JSON for machines (a failure too: {ok, error, exit_code, schema})",
-    "json": "print JSON for machines (a failure too: {ok, error, exit_code, schema})",
+    "as_json": JSON_HELP,
+    "json": JSON_HELP,
     "host": "a host of the hosts file",
     "name": "a deployment of the hosts file, or a unit name",
 }

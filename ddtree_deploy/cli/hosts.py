@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, hosts_or_all
+from ddtree_deploy.cli.common import (
+    WIDE_HELP,
+    config_of,
+    console,
+    host_failure,
+    hosts_or_all,
+    print_results,
+)
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.transport.fanout import exit_code, fan_out
 from ddtree_deploy.transport.hostkeys import TrustTarget, trust_target
 
 
-def _ask(question: str) -> bool:
+def _ask(question: str, *, err: bool = False) -> bool:
     try:
-        return bool(typer.confirm(question, default=False))
+        return bool(typer.confirm(question, default=False, err=err))
     except typer.Abort:  # end of input: no answer is a no
         return False
 
@@ -33,15 +40,24 @@ def resolve(ctx: typer.Context, host: str) -> TrustTarget:
 app = typer.Typer(help="Hosts of the hosts file: list, check over SSH, trust keys.",
                   no_args_is_help=True)
 out = console()
+AS_JSON = typer.Option(False, "--json")
 
 
 @app.command("list")
 def list_hosts(ctx: typer.Context,
-               wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)) -> None:
+               wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
+               as_json: bool = AS_JSON) -> None:
     """The hosts and deployments of the hosts file (validated in full)."""
     from ddtree_deploy.cli.render_table import add_row, make_table, show
 
     config = config_of(ctx)
+    if as_json:  # every field, defaults filled in: what the tool reads from the file
+        print_results(out, {
+            "file": str(config.path),
+            "hosts": {n: h.model_dump(mode="json") for n, h in config.hosts.items()},
+            "deployments": {n: d.model_dump(mode="json") for n, d in config.deployments.items()},
+        })
+        return
     table = make_table(f"hosts ({config.path})", ("host", "target", "user", "GPUs expected",
                                                    "venvs"))
     for name, spec in config.hosts.items():
@@ -64,8 +80,11 @@ def check(
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=64,
                                     help="hosts asked at once"),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
+    as_json: bool = AS_JSON,
 ) -> None:
     """Connect to each host over SSH and show what answers (GPUs, declared venvs)."""
+    from dataclasses import asdict
+
     from ddtree_deploy.cli.render_table import add_row, make_table, notes, show
     from ddtree_deploy.cli.text import cell
     from ddtree_deploy.hostcheck import check_host
@@ -74,6 +93,12 @@ def check(
     names = hosts_or_all(config, hosts)
     outcomes = fan_out(names, lambda h: check_host(config, config.host(h)),
                        concurrency=concurrency)
+    code = int(exit_code(outcomes))
+    if as_json:
+        print_results(out, [{**asdict(o.value), "ok": True} if o.value is not None
+                            else host_failure(o.host, o.error or ConfigError("failed"))
+                            for o in outcomes], code)
+        return
     table = make_table("hosts check", ("host", "status", "hostname", "GPUs (used/total MiB)",
                                        "venvs"))
     for o in outcomes:
@@ -88,9 +113,8 @@ def check(
         add_row(table, o.host, cell("ok", "green"), c.hostname, gpus or c.gpu_error, venvs)
     show(out, table, *notes((o.host, str(o.error)) for o in outcomes if o.value is None),
          wide=wide)
-    code = exit_code(outcomes)
     if code:
-        raise typer.Exit(int(code))
+        raise typer.Exit(code)
 
 
 @app.command("trust")
@@ -100,6 +124,7 @@ def trust(
     yes: bool = typer.Option(False, "--yes", "-y", help="record the key without asking"),
     connect_timeout: float = typer.Option(10.0, "--timeout", min=0.1,
                                           help="seconds to wait for the host"),
+    as_json: bool = AS_JSON,
 ) -> None:
     """Show HOST's SSH key fingerprint and record it in known_hosts after confirmation."""
     from ddtree_deploy.transport.hostkeys import HostKeyChangedError
@@ -112,13 +137,19 @@ def trust(
             target.address,
             target.port,
             target.known_hosts,
-            confirm=(lambda _q: True) if yes else _ask,
+            confirm=(lambda _q: True) if yes else (lambda q: _ask(q, err=as_json)),
             timeout=connect_timeout,
             label=target.label,
         )
     except HostKeyChangedError:
         end_masters_for(target.address, target.port)  # facts must not read the old host
         raise
+    if as_json:  # declined: exit 1, as below
+        print_results(out, {"host": outcome.name, "status": outcome.status,
+                            "keytype": outcome.keytype, "fingerprint": outcome.fingerprint,
+                            "known_hosts": str(outcome.known_hosts)},
+                      int(outcome.status == "declined"))
+        return
     shown = f"{outcome.name}: {outcome.keytype} {outcome.fingerprint}"
     if outcome.status == "already-known":
         typer.echo(f"{shown} is already known ({outcome.known_hosts}); nothing to do")
@@ -133,18 +164,27 @@ def trust(
 def disconnect(
     ctx: typer.Context,
     hosts: list[str] = typer.Argument(None, help="hosts whose connection to end (default: all)"),
+    as_json: bool = AS_JSON,
 ) -> None:
     """End the OpenSSH master connections that facts gathering keeps open (ssh_persist)."""
     from ddtree_deploy.transport import openssh
     from ddtree_deploy.transport.connect import openssh_transport
 
     if not openssh.available():
+        if as_json:  # no client: no connection is kept, none ended
+            print_results(out, [])
+            return
         out.print("no OpenSSH client here: no kept connections")
         return
     config = config_of(ctx)
+    ended: list[dict[str, object]] = []
     for name in hosts_or_all(config, hosts):
         spec = config.host(name)
         if spec.is_local:
             continue
-        ended = openssh_transport(spec).disconnect()
-        out.print(f"{name}: {'connection ended' if ended else 'no kept connection'}")
+        done = openssh_transport(spec).disconnect()
+        ended.append({"host": name, "ended": done})
+        if not as_json:
+            out.print(f"{name}: {'connection ended' if done else 'no kept connection'}")
+    if as_json:
+        print_results(out, ended)

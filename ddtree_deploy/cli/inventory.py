@@ -6,8 +6,16 @@ import contextlib
 
 import typer
 
-from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, hosts_or_all, is_tty, print_json
-from ddtree_deploy.errors import ExitCode, UsageError
+from ddtree_deploy.cli.common import (
+    WIDE_HELP,
+    config_of,
+    console,
+    host_failure,
+    hosts_or_all,
+    is_tty,
+    print_results,
+)
+from ddtree_deploy.errors import DeployError, ExitCode, UsageError
 from ddtree_deploy.facts.cache import DEFAULT_MAX_AGE_S, FactsCache
 from ddtree_deploy.facts.gather import collect
 from ddtree_deploy.transport.fanout import exit_code
@@ -19,7 +27,7 @@ TROUBLESHOOTING = "docs/troubleshooting.md"  # keyed by finding id (scripts/gen_
 REFRESH = typer.Option(False, "--refresh", help="gather new facts even when cached ones are fresh")
 MAX_AGE = typer.Option(DEFAULT_MAX_AGE_S, "--max-age", min=0,
                        help="seconds cached facts stay fresh")
-AS_JSON = typer.Option(False, "--json", help="print JSON for machines")
+AS_JSON = typer.Option(False, "--json")
 
 
 def inventory(
@@ -39,13 +47,17 @@ def inventory(
             else contextlib.nullcontext():
         outcomes = collect(config, names, cache=FactsCache(), refresh=refresh, max_age_s=max_age,
                            concurrency=concurrency)
+    code = exit_code(outcomes)  # 3 only when some hosts answered and others did not
     if as_json:
-        payload = [
-            o.value.model_dump(mode="json") if o.value is not None
-            else {"host": o.host, "error": str(o.error)}
+        from ddtree_deploy.isotime import utc_iso
+
+        print_results(out, [
+            {**o.value.model_dump(mode="json"), "ok": True,
+             "taken_at": utc_iso(o.value.taken_at)} if o.value is not None
+            else host_failure(o.host, o.error or DeployError("no facts"))
             for o in outcomes
-        ]
-        print_json(out, payload)
+        ], int(code))
+        return
     else:
         from ddtree_deploy.cli.render_inventory import (
             WIDE,
@@ -59,7 +71,6 @@ def inventory(
         width = out.width if is_tty(out) and not wide else max(WIDE, out.width)
         show(out, gpu_table(outcomes), venv_table(outcomes, width=width),
              *part_errors(outcomes), *failures(outcomes), wide=wide)
-    code = exit_code(outcomes)  # 3 only when some hosts answered and others did not
     if code:
         raise typer.Exit(int(code))
 
@@ -106,12 +117,14 @@ def doctor(
         )
     findings = diagnose(outcome.value, venv=venv, deployment=dep, model_facts=model_facts,
                         venv_spec=spec.venvs.get(dep.venv) if dep is not None else None)
+    code = int(ExitCode.FAILED) if any(f.severity == "error" for f in findings) else 0
     if as_json:
-        print_json(out, {
+        print_results(out, {
             "host": spec.name,
             "venv": venv,
             "findings": [f.to_json() for f in findings],
-        })
+        }, code)
+        return
     else:
         from ddtree_deploy.cli.render_inventory import findings_table, remedies
         from ddtree_deploy.cli.render_table import show
@@ -123,5 +136,5 @@ def doctor(
         if shown:  # on stderr: a pipe reading the findings gets only them
             err.print(f"each id explained: {TROUBLESHOOTING}#{shown[0]} (and the others there)",
                       markup=False, highlight=False, soft_wrap=True)
-    if any(f.severity == "error" for f in findings):
-        raise typer.Exit(int(ExitCode.FAILED))
+    if code:
+        raise typer.Exit(code)

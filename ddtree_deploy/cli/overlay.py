@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, print_json, rich_console
+from ddtree_deploy.cli.common import config_of, console, print_results, rich_console
 from ddtree_deploy.cli.text import plain
 from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.config.roles import refuse_write
@@ -19,6 +19,7 @@ app = typer.Typer(help="Move a CUDA lane (torch, triton, nvidia libraries, sgl_k
 out = console(soft_wrap=True)
 err = console(stderr=True, soft_wrap=True)
 COMPRESS = ("auto", "always", "never")  # overlay/relay.py's choices for the streams
+_TIMES = frozenset({"time", "created", "started"})  # the fields of history entries that are times
 
 
 def _host_path(value: str | None, flag: str) -> str | None:
@@ -99,9 +100,9 @@ def overlay(
         from ddtree_deploy.overlay.render import render_plan  # rich: only to draw the plan
 
         plans = [make_plan(config, lane, h, v, cache)[0] for h, v in targets]
-        if as_json:
-            print_json(out, plans[0].model_dump_json() if len(plans) == 1 else
-                       "[" + ",".join(p.model_dump_json() for p in plans) + "]")
+        if as_json:  # one target: its plan; several: a list of plans
+            dumped = [p.model_dump(mode="json") for p in plans]
+            print_results(out, dumped[0] if len(dumped) == 1 else dumped)
         else:
             for plan in plans:
                 render_plan(plan, rich_console(out))
@@ -118,8 +119,10 @@ def overlay(
     if len(targets) == 1 and fleet.failed:
         raise fleet.failed[0].error  # type: ignore[misc]  # one target: its error, as ever
     summary: dict[str, Any] = fleet_summary(fleet, lane.lane)
+    code = (0 if not fleet.failed else  # some targets failed: 3; every one: 1
+            int(ExitCode.PARTIAL if len(fleet.failed) < len(targets) else ExitCode.FAILED))
     if as_json:
-        print_json(out, summary)
+        print_results(out, summary, code)
     else:
         for t in summary.get("targets", [summary]):
             where = f"{t['target']['host']}:{t['target']['venv']}"
@@ -129,15 +132,15 @@ def overlay(
                       markup=False, highlight=False)
             for c in t["checks"]:
                 out.print(f"  {check_sentence(c)}", markup=False, highlight=False)
-    if fleet.failed:  # some targets failed: 3; every one: 1
-        raise typer.Exit(int(ExitCode.PARTIAL if len(fleet.failed) < len(targets)
-                             else ExitCode.FAILED))
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("rollback")
 def rollback(ctx: typer.Context, host: str = typer.Argument(...),
              venv: str = typer.Option(..., "--venv",
-                                      help="the venv (a path on the host) to put back")) -> None:
+                                      help="the venv (a path on the host) to put back"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
     """Undo the latest overlay of the venv, byte for byte, from its backup."""
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.overlay import apply as remote_apply
@@ -150,6 +153,10 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, spec) as t:
         outcome = remote_apply.rollback(t, venv, sudo=spec.use_sudo)
     FactsCache().drop(spec)
+    if as_json:
+        print_results(out, {"host": host, "venv": venv, "result": outcome.result,
+                            "message": outcome.message})
+        return
     out.print(plain(f"{host}:{venv}: {outcome.result}: {outcome.message}"), markup=False,
               highlight=False)
 
@@ -171,8 +178,11 @@ def history(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, spec) as t:  # a read: nothing is written on the host
         for v in venvs:
             rows[v], notes[v] = remote_apply.history(t, v, sudo=spec.use_sudo)
-    if as_json:
-        print_json(out, rows)
+    if as_json:  # the host's times (its own zone) in UTC
+        from ddtree_deploy.isotime import utc_iso
+
+        print_results(out, {v: [{k: utc_iso(x) if k in _TIMES else x for k, x in e.items()}
+                                for e in entries] for v, entries in rows.items()})
         return
     for v, entries in rows.items():
         note = f" ({notes[v]})" if notes[v] else ""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_json
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_results
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.roles import refuse_write
 
@@ -38,8 +38,10 @@ def _find_uv(t) -> str:
 
 
 def _render(outcome, as_json: bool) -> None:
+    """Say the outcome, and exit 1 when one of its checks failed."""
+    failed = int(any(c.status == "failed" for c in outcome.checks))
     if as_json:
-        print_json(out, asdict(outcome))
+        print_results(out, asdict(outcome), failed)
         return
     was = f", was {outcome.previous}" if outcome.previous else ""
     what = "plugin" if outcome.form == "plugin" else "payload"
@@ -51,10 +53,7 @@ def _render(outcome, as_json: bool) -> None:
         style = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
         out.print(f"  [{style}]{c.status}[/{style}] {esc(c.name)} ({esc(c.mode)}): "
                   f"{esc(c.detail)}", highlight=False)
-
-
-def _fail_on_checks(outcome) -> None:
-    if any(c.status == "failed" for c in outcome.checks):
+    if failed:
         raise typer.Exit(1)
 
 
@@ -81,7 +80,6 @@ def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
                              find_uv=_find_uv)
     FactsCache().drop(spec)
     _render(outcome, as_json)
-    _fail_on_checks(outcome)
 
 
 @app.command("verify")
@@ -97,16 +95,14 @@ def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
         found, state = ops.installed(t, venv)
         if state is None:
             if as_json:
-                print_json(out, {"venv": venv, "action": "no payload deployed"})
-            else:
-                out.print(f"{venv}: no payload deployed", markup=False, highlight=False)
+                print_results(out, {"venv": venv, "action": "no payload deployed"}, 1)
+            out.print(f"{venv}: no payload deployed", markup=False, highlight=False)
             raise typer.Exit(1)
         checks = ops.verify(t, venv, manifest, state.package_dir, torch=found["torch"],
                             state=state)
     outcome = ops.Outcome(venv, "verified", found["version"], state.version, checks,
                           form=state.form)
     _render(outcome, as_json)
-    _fail_on_checks(outcome)
 
 
 @app.command("rollback")
@@ -149,9 +145,11 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
         states = ops.status(t, venvs)
     failed = any(st is not None and "error" in st for st in states.values())
     if as_json:
-        print_json(out, states)
-        if failed:
-            raise typer.Exit(1)
+        from ddtree_deploy.isotime import utc_iso
+
+        print_results(out, {venv: st if st is None or "deployed_at" not in st else  # 0: unknown
+                            {**st, "deployed_at": utc_iso(st["deployed_at"] or None)}
+                            for venv, st in states.items()}, int(failed))
         return
     table = make_table(f"payloads on {host}", ("venv", "payload", "sglang", "deployed"))
     for venv, st in states.items():

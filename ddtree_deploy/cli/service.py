@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from ddtree_deploy import __version__
-from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_json
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_results
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.errors import DeployError, UsageError
@@ -44,7 +44,7 @@ def render(
     verify: bool = typer.Option(True, "--verify/--no-verify",
                                 help="check the unit with systemd-analyze on the host"),
     as_json: bool = typer.Option(False, "--json", help="the unit and what it runs (argv, "
-                                 "environment, working directory) as one JSON object"),
+                                 "environment, working directory) as JSON (docs/json.md)"),
 ) -> None:
     """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST)."""
     from ddtree_deploy.service.render import render_unit, unit_command
@@ -66,10 +66,7 @@ def render(
                         "LD_LIBRARY_PATH is empty and verification will fail until it does"),
                   soft_wrap=True, markup=False, highlight=False)
     text = render_unit(spec, tool_version=__version__)
-    if as_json:
-        print_json(out, {"unit_name": spec.unit_name, "unit": text,
-                         **unit_command(spec).as_json()})
-    else:
+    if not as_json:  # the unit first, for a person; under --json one document, after the check
         # render_unit refuses control characters; plain() keeps a terminal safe regardless
         typer.echo(plain(text), nl=False)
     if verify:
@@ -77,6 +74,9 @@ def render(
             verify_unit(t, text, spec.unit_name)
         err.print(plain(f"{spec.unit_name}: systemd-analyze verify passed on {spec_host.name}"),
                   markup=False, highlight=False)
+    if as_json:
+        print_results(out, {"unit_name": spec.unit_name, "unit": text, "verified": verify,
+                            **unit_command(spec).as_json()})
 
 
 @app.command("up")
@@ -111,6 +111,7 @@ def up(
     force: bool = typer.Option(False, "--force", help="use a busy GPU or taken port anyway"),
     deadline: float = typer.Option(180.0, "--deadline", min=1, help="seconds for the probe"),
     no_probe: bool = typer.Option(False, "--no-probe", help="install and start only"),
+    as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Render, verify, install and (re)start a service, then probe it."""
     from ddtree_deploy.converge.steps.service_probe import target_of
@@ -145,17 +146,24 @@ def up(
         err.print(f"{spec.unit_name} on {spec_host.name}: "
                   f"{'installed' if changed else 'unchanged'}, restarted "
                   f"(GPU {','.join(map(str, spec.gpus))}, port {spec.port})")
+        started = {"host": spec_host.name, "unit_name": spec.unit_name, "installed": changed,
+                   "restarted": True, "gpus": list(spec.gpus), "port": spec.port}
         if no_probe:
+            if as_json:
+                print_results(out, {**started, "probe": None})
             return
         target = target_of(text, spec.unit_name, spec_host.name, port=spec.port)
         assert target is not None
-        _probe_and_exit(t, spec.unit_name, target.port, deadline, as_json=False,
-                        input_ids=target.input_ids)
+        _probe_and_exit(t, spec.unit_name, target.port, deadline, as_json=as_json,
+                        input_ids=target.input_ids, results=started)
 
 
 def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_json: bool,
                     pid: int | None = None, log_file: str | None = None,
-                    warmup: float | None = None, input_ids: bool | None = None) -> None:
+                    warmup: float | None = None, input_ids: bool | None = None,
+                    results: dict[str, Any] | None = None) -> None:
+    """Probe, say the verdict and exit with its code; under --json the verdict is the
+    results, or their `probe` when `results` (service up's) are given."""
     from ddtree_deploy.health.check import WARMUP_S, ProbeTarget, probe_service
 
     label = unit or f"port {port}"
@@ -165,9 +173,10 @@ def _probe_and_exit(t: Any, unit: str | None, port: int, deadline: float, *, as_
                                 deadline_s=deadline, warmup_s=warmup or WARMUP_S,
                                 on_status=lambda s: status.update(esc(f"{label}: {s}")))
     if as_json:
-        print_json(out, verdict.to_json())
-    else:
-        _render_verdict(label, verdict)
+        print_results(out, verdict.to_json() if results is None
+                      else {**results, "probe": verdict.to_json()}, int(verdict.exit_code))
+        return
+    _render_verdict(label, verdict)
     if verdict.exit_code:
         raise typer.Exit(int(verdict.exit_code))
 
@@ -196,6 +205,7 @@ def down(
     host: str = typer.Argument(...),
     name: str = typer.Argument(..., help="the service (deployment or unit name)"),
     remove: bool = typer.Option(False, "--remove", help="also delete the unit file"),
+    as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Stop and disable one of the tool's services (others' units are never touched)."""
     from ddtree_deploy.service import install
@@ -210,6 +220,10 @@ def down(
         raise DeployError(f"{unit}: no such ddtree-deploy service on {host} "
                           "(`service list` shows them)")
     _drop_facts(spec_host)
+    if as_json:
+        print_results(out, {"host": spec_host.name, "unit": unit, "stopped": True,
+                            "removed": remove})
+        return
     done = "stopped" + (" and removed" if remove else "")
     out.print(plain(f"{unit}: {done}"), markup=False, highlight=False)
 
@@ -233,7 +247,7 @@ def list_(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, config.host(host)) as t:
         states = install.list_units(t)
     if as_json:
-        print_json(out, [s.__dict__ for s in states])
+        print_results(out, [s.__dict__ for s in states])
         return
     table = make_table(f"ddtree-deploy services on {host}", (
         "unit", "deployment", "active", "sub", "main pid", "restarts", "exit status"))
@@ -262,23 +276,25 @@ def status(ctx: typer.Context, host: str = typer.Argument(...),
         states = [s for s in states if s.unit == unit]
         if not states:
             raise DeployError(f"{unit}: no such ddtree-deploy service on {host}")
+    code = 1 if any(s.active != "active" for s in states) else 0
     if as_json:
-        print_json(out, [s.__dict__ for s in states])
-    else:
-        if not states:
-            out.print(plain(f"no ddtree-deploy services on {host}"), markup=False,
-                      highlight=False)
-        for s in states:
-            out.print(plain(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} "
-                            f"restarts {s.restarts}"), markup=False, highlight=False)
-    if any(s.active != "active" for s in states):
-        raise typer.Exit(1)
+        print_results(out, [s.__dict__ for s in states], code)
+        return
+    if not states:
+        out.print(plain(f"no ddtree-deploy services on {host}"), markup=False,
+                  highlight=False)
+    for s in states:
+        out.print(plain(f"{s.unit}: {s.active}/{s.sub} pid {s.main_pid} "
+                        f"restarts {s.restarts}"), markup=False, highlight=False)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("logs")
 def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.Argument(...),
          lines: int = typer.Option(200, "-n", "--lines", min=1, max=100000,
-                                   help="the last N lines of the log")) -> None:
+                                   help="the last N lines of the log"),
+         as_json: bool = typer.Option(False, "--json")) -> None:
     """The service's journal (last N lines)."""
     from ddtree_deploy.service import install
     from ddtree_deploy.transport.connect import open_transport
@@ -290,6 +306,9 @@ def logs(ctx: typer.Context, host: str = typer.Argument(...), name: str = typer.
             raise DeployError(f"{unit}: no such ddtree-deploy service on {host} "
                               "(`service list` shows them)")
         text = install.logs(t, unit, lines)
+    if as_json:  # the journal's text as it is (JSON escapes its control bytes)
+        print_results(out, {"host": host, "unit": unit, "lines": text.splitlines()})
+        return
     typer.echo(plain(text), nl=False)  # the journal's ESC and other control bytes, escaped
 
 

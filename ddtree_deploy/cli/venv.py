@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console
+from ddtree_deploy.cli.common import config_of, console, print_results
 from ddtree_deploy.cli.text import plain
 from ddtree_deploy.config.roles import refuse_write
 
@@ -20,7 +20,8 @@ def venv() -> None:
 @app.command("clone")
 def clone(ctx: typer.Context, host: str = typer.Argument(...),
           src: str = typer.Argument(..., help="the venv to copy (a path on the host)"),
-          dst: str = typer.Argument(..., help="where the copy goes (must not exist)")) -> None:
+          dst: str = typer.Argument(..., help="where the copy goes (must not exist)"),
+          as_json: bool = typer.Option(False, "--json")) -> None:
     """Copy a venv on its host: symlinks kept, scripts' shebangs and pyvenv.cfg fixed."""
     from ddtree_deploy.converge.steps._venv_clone import clone as do_clone
     from ddtree_deploy.facts.cache import FactsCache
@@ -32,5 +33,9 @@ def clone(ctx: typer.Context, host: str = typer.Argument(...),
     with open_transport(config, spec) as t:
         result = do_clone(t, src, dst)
     FactsCache().drop(spec)
+    if as_json:
+        print_results(out, {"host": host, "src": src, "dst": dst,
+                            "fixed_scripts": list(result.fixed_scripts)})
+        return
     out.print(plain(f"{host}: {src} -> {dst} (fixed {len(result.fixed_scripts)} scripts: "
                     f"{', '.join(result.fixed_scripts) or '-'})"), markup=False, highlight=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 2
 
@@ -208,6 +208,19 @@ class Facts(BaseModel):
     models: list[ModelDir] = Field(default_factory=list)
     tool: ToolState = Field(default_factory=ToolState)
     probe_memo: ProbeMemo = Field(default_factory=ProbeMemo)
+
+    @field_validator("taken_at", mode="before")
+    @classmethod
+    def _taken_at(cls, value: Any) -> Any:
+        """Seconds since the epoch (the cache), or ISO-8601 text (`inventory --json`)."""
+        if isinstance(value, str):
+            from ddtree_deploy.isotime import epoch
+
+            try:
+                return epoch(value)
+            except ValueError:
+                return value  # pydantic says what is wrong with it
+        return value
 
     def model(self, path: str) -> ModelDir | None:
         want = path.rstrip("/")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import typer
 
-from ddtree_deploy.cli.common import console, print_json
+from ddtree_deploy.cli.common import console, print_results
 from ddtree_deploy.cli.helptext import EXAMPLE
 from ddtree_deploy.errors import ExitCode
 
@@ -68,16 +68,16 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     from ddtree_lab import manager
 
     rows = manager.status()
+    # down (no hosts), or a host not running or not answering: 1
+    code = int(ExitCode.FAILED) if not rows or not all(r.running and r.ssh for r in rows) else 0
     if as_json:
-        print_json(out, [asdict(r) for r in rows])
-    else:
-        table = make_table("lab status", ("host", "address", "container", "ssh"))
-        for r in rows:
-            add_row(table, r.name, r.address, f"running (pid {r.pid})" if r.running else "stopped",
-                    "up" if r.ssh else "down")
-        out.print(table if rows else "lab is down")
-    if rows and not all(r.running and r.ssh for r in rows):
-        raise typer.Exit(int(ExitCode.FAILED))
-    if not rows:
-        raise typer.Exit(int(ExitCode.FAILED))
+        print_results(out, [asdict(r) for r in rows], code)
+        return
+    table = make_table("lab status", ("host", "address", "container", "ssh"))
+    for r in rows:
+        add_row(table, r.name, r.address, f"running (pid {r.pid})" if r.running else "stopped",
+                "up" if r.ssh else "down")
+    out.print(table if rows else "lab is down")
+    if code:
+        raise typer.Exit(code)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ddtree_deploy.errors import DeployError, ExitCode
 from ddtree_deploy.facts.gather import gather
 from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.isotime import epoch, iso_time
 
 if TYPE_CHECKING:
     from ddtree_deploy.config.hosts import Config, Deployment, HostSpec
@@ -256,23 +257,6 @@ class Plan:
                    errors=dict(data.get("errors") or {}), specs=dict(data.get("specs") or {}),
                    tool_version=str(data.get("tool_version") or ""),
                    facts_at={h: epoch(t) for h, t in dict(data.get("facts_at") or {}).items()})
-
-
-def iso_time(epoch_s: float) -> str:
-    """A time as JSON says it: ISO-8601 in UTC (`2026-12-03T15:04:05.123+00:00`)."""
-    import datetime
-
-    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC).isoformat(
-        timespec="milliseconds")
-
-
-def epoch(value: Any) -> float:
-    """A time read back: ISO-8601 (this version's) or seconds since the epoch (older plans)."""
-    if isinstance(value, str):
-        import datetime
-
-        return datetime.datetime.fromisoformat(value).timestamp()
-    return float(value)
 
 
 HOST_KEY = "(host)"  # spec_digests' entry for the host's own venvs, models and GPUs
