@@ -4,6 +4,8 @@
   settings/model.py): its type, default and whether it is required;
 - docs/commands.md: every built-in command, from the CLI typer builds: its help, its
   arguments and options with their labels, help and defaults;
+- docs/modules.md: every module of the tool and of the lab, by folder, with the first
+  paragraph of its docstring (docs/architecture.md is the overview that links it);
 - docs/troubleshooting.md (scripts/gen_troubleshooting.py): exit codes and common error
   messages, every doctor finding id of the rules, every crash signature the probe knows
   (health/signatures.py), each with what it means and the fix.
@@ -165,8 +167,42 @@ def commands() -> str:
     return "".join(out)
 
 
+MODULE_PACKAGES = (ROOT / "ddtree_deploy", ROOT / "lab" / "ddtree_lab")
+SUMMARY_MAX = 200  # a longer first paragraph is cut to its first sentence, whole
+
+
+def _summary(path: Path) -> str:
+    import ast
+    import re
+
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n", 1)[0].split()).rstrip(".")
+    if len(first) > SUMMARY_MAX:
+        first = re.split(r"(?<=[.;!?])\s", first, maxsplit=1)[0].rstrip(".;")
+    return first
+
+
+def modules() -> str:
+    out = [GENERATED, "# Modules\n\n",
+           "Every module of the tool (`ddtree_deploy/`) and of the lab (`lab/ddtree_lab/`), by "
+           "folder, with the first paragraph of its docstring. The overview is "
+           "[architecture.md](architecture.md). Host-side scripts are the `remote/` ones; "
+           "everything else runs on the workstation.\n"]
+    for package in MODULE_PACKAGES:
+        folders: dict[Path, list[Path]] = {}
+        for path in sorted(package.rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                folders.setdefault(path.parent, []).append(path)
+        for folder in sorted(folders):
+            out.append(f"\n`{folder.relative_to(ROOT)}/`\n\n")
+            out += [f"- `{p.name}` — {_summary(p)}\n" for p in folders[folder]]
+    return "".join(out)
+
+
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
-PAGES = {HOSTS_YAML: hosts_yaml, COMMANDS: commands, TROUBLESHOOTING: troubleshooting}
+MODULES = ROOT / "docs" / "modules.md"
+PAGES = {HOSTS_YAML: hosts_yaml, COMMANDS: commands, TROUBLESHOOTING: troubleshooting,
+         MODULES: modules}
 
 
 def main(argv: list[str]) -> int:
