@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -321,3 +322,33 @@ def test_debug_adds_the_failed_commands_whole_stderr(capsys: pytest.CaptureFixtu
         err = capsys.readouterr().err
         assert "trace 9" in err and ("trace 0" in err) == bool(debug)
         assert "\x1b" not in err
+
+
+@pytest.mark.integration  # commands run through LocalTransport
+def test_the_lane_copys_own_connections_are_heard_as_apply_hears_its_own(tmp_path: Path
+                                                                         ) -> None:
+    """The overlay opens connections of its own (the source host's, the target's bulk
+    streams): apply's run log, -v and -vv hear their commands too, the source's marked with
+    its name, with the same values masked."""
+    from ddtree_deploy.config.hosts import load_config
+    from ddtree_deploy.overlay.run import _bulk
+    from ddtree_deploy.transport import Command
+    from ddtree_deploy.transport.local import LocalTransport
+
+    (tmp_path / "hosts.yaml").write_text(
+        "version: 1\nhosts:\n  ct200:\n    transport: local\n  ct129:\n    transport: local\n")
+    config = load_config(tmp_path / "hosts.yaml")
+    seen: list[str] = []
+    heard: list[str] = []
+    apply_t = LocalTransport("ct200")
+    apply_t.observers = (lambda c, code, took, out, err: seen.append(c),)
+    apply_t.listeners = (lambda c, s, ln: heard.append(f"{c} {s}| {ln}"),)
+    apply_t.redact = frozenset({"hf_x1"})
+    for host in ("ct200", "ct129"):
+        with _bulk(config, host, apply_t) as t:
+            t.run(Command.of("echo", "hf_x1", host))
+    assert seen == ["echo *** ct200", "(ct129) echo *** ct129"]
+    assert heard == ["echo *** ct200 out| *** ct200",
+                     "(ct129) echo *** ct129 out| *** ct129"]
+    with _bulk(config, "ct129") as alone:  # overlay's own command: nobody listens
+        assert alone.observers == () and alone.listeners == ()

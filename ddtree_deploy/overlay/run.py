@@ -70,14 +70,21 @@ class FleetResult:
         return [t for t in self.targets if t.error is not None]
 
 
-def _bulk(config: Config, host: str) -> ExecTransport:
+def _bulk(config: Config, host: str, ears: ExecTransport | None = None) -> ExecTransport:
     """A transport for the overlay's streams: the system OpenSSH client where the host allows a
-    kept master (its crypto in C: on a small workstation the CPU, not the link, is scarce)."""
-    return open_transport(config, host, reuse=True)
+    kept master (its crypto in C: on a small workstation the CPU, not the link, is scarce).
+    `ears`: apply's transport to the target, whose observers and listeners (run log, -v,
+    -vv) hear these commands too (marked with the host's name when it is another host)."""
+    t = open_transport(config, host, reuse=True)
+    if ears is not None:
+        name = config.host(host).name
+        t.tell_as(ears, None if name == ears.host else name)
+    return t
 
 
-def _source_manifest(config: Config, lane: Lane) -> VenvManifest:
-    with _bulk(config, lane.source.host) as src:
+def _source_manifest(config: Config, lane: Lane, ears: ExecTransport | None = None
+                     ) -> VenvManifest:
+    with _bulk(config, lane.source.host, ears) as src:
         return read_manifest(src, lane.source.venv, lane.source_patterns()).manifest
 
 
@@ -87,9 +94,10 @@ def _check_target(config: Config, lane: Lane, host: str, venv: str) -> None:
         raise UsageError("the overlay's source and target are the same venv")
 
 
-def _target_manifest(config: Config, lane: Lane, r: OverlayResult) -> VenvManifest:
+def _target_manifest(config: Config, lane: Lane, r: OverlayResult,
+                     ears: ExecTransport | None = None) -> VenvManifest:
     t0 = time.monotonic()
-    with _bulk(config, r.host) as tgt:
+    with _bulk(config, r.host, ears) as tgt:
         target = read_manifest(tgt, r.venv, lane.target_patterns()).manifest
     r.seconds["target_manifest"] = round(time.monotonic() - t0, 3)
     return target
@@ -134,8 +142,9 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
               cache: BlobCache, progress: ProgressSink | None = None,
               on_status: Callable[[dict[str, Any]], None] | None = None,
               parallel: int = PARALLEL, compress: str = "auto",
-              densify: bool = False) -> FleetResult:
+              densify: bool = False, ears: ExecTransport | None = None) -> FleetResult:
     """Overlay the lane onto every (host, venv); each target's failure stays its own.
+    `ears`: a transport whose observers and listeners hear every command sent (see _bulk).
 
     densify: once done, when the source's stream stored blobs in the cache, start their
     recompression in a detached idle-priority process (densify.py; the command does not wait).
@@ -151,12 +160,12 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
 
     def read(r: OverlayResult) -> None:
         def go() -> None:
-            manifests[id(r)] = _target_manifest(config, lane, r)
+            manifests[id(r)] = _target_manifest(config, lane, r, ears)
 
         _guard(r, go)
 
     with ThreadPoolExecutor(max_workers=workers + 1) as pool:  # source and targets at once
-        pending = pool.submit(_source_manifest, config, lane)
+        pending = pool.submit(_source_manifest, config, lane, ears)
         list(pool.map(read, results))
         source = pending.result()
     fleet.seconds["manifests"] = round(time.monotonic() - t0, 3)
@@ -181,14 +190,14 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
         for r in todo:
             assert r.plan is not None
             spec = config.host(r.host)
-            t = _bulk(config, r.host)
+            t = _bulk(config, r.host, ears)
             opened.append(t)
             dests.append(Destination(
                 label=f"{r.host}:{r.venv}", transport=t,
                 staging=remote_apply.staging_dir(r.venv, r.plan.id), files=_sends(r.plan),
                 python=f"{r.venv.rstrip('/')}/bin/python", sudo=spec.use_sudo))
         t2 = time.monotonic()
-        with _bulk(config, src_spec.name) as src:
+        with _bulk(config, src_spec.name, ears) as src:
             rep = relay(src, source.site_packages, dests, cache, progress,
                         python=f"{lane.source.venv.rstrip('/')}/bin/python",
                         sudo=src_spec.use_sudo, compress=compress, parallel=parallel)
@@ -240,10 +249,11 @@ def _sum(a: TransferReport, b: TransferReport) -> TransferReport:
 
 def run_overlay(config: Config, lane: Lane, target_host: str, target_venv: str, *,
                 cache: BlobCache, progress: ProgressSink | None = None,
-                on_status: Callable[[dict[str, Any]], None] | None = None) -> OverlayResult:
+                on_status: Callable[[dict[str, Any]], None] | None = None,
+                ears: ExecTransport | None = None) -> OverlayResult:
     """One target; its failure raised (as before the fleet)."""
     fleet = run_fleet(config, lane, [(target_host, target_venv)], cache=cache,
-                      progress=progress, on_status=on_status)
+                      progress=progress, on_status=on_status, ears=ears)
     (r,) = fleet.targets
     if r.error is not None:
         raise r.error

@@ -217,6 +217,20 @@ class ExecTransport(ABC):
                 f"{self.host}: cannot tell the remote user id (id -u: {result.stderr.strip()})"
             ) from exc
 
+    def tell_as(self, beside: ExecTransport, mark: str | None = None) -> None:
+        """Tell `beside`'s observers and listeners of this transport's commands too, with its
+        values masked; their display form starts with `(mark) ` when given (what a step runs
+        on the workstation, or on the lane copy's source host)."""
+
+        def marked(hear: Callable[..., None]) -> Callable[..., None]:
+            if mark is None:
+                return hear
+            return lambda command, *rest: hear(f"({mark}) {command}", *rest)
+
+        self.observers = tuple(marked(o) for o in beside.observers)
+        self.listeners = tuple(marked(li) for li in beside.listeners)
+        self.redact = beside.redact
+
     def close(self) -> None:  # pragma: no cover - overridden where there is state
         return None
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,14 +144,8 @@ def here(beside: ExecTransport | None) -> LocalTransport:
     values masked."""
     local = LocalTransport("workstation")
     if beside is not None:
-        local.observers = tuple(_marked(o) for o in beside.observers)
-        local.listeners = tuple(_marked(li) for li in beside.listeners)
-        local.redact = beside.redact
+        local.tell_as(beside, "workstation")
     return local
-
-
-def _marked(hear: Callable[..., None]) -> Callable[..., None]:
-    return lambda command, *rest: hear(f"(workstation) {command}", *rest)
 
 
 def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str],

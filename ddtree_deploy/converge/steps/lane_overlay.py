@@ -54,7 +54,7 @@ def act(ctx: Acting, step: Step) -> None:
             ctx.note(f"on the host: {journal['phase']}")
 
     run_overlay(ctx.config, load_lane(p.lane), ctx.host.name, p.venv, cache=BlobCache(),
-                progress=ctx.progress, on_status=phase)
+                progress=ctx.progress, on_status=phase, ears=ctx.t)
 
 
 STEP = StepKind(KIND, LaneOverlay, act, plan=plan, marks_restart=True)
