@@ -78,8 +78,13 @@ def profile_table(profiles: Mapping[str, Any]) -> str:
 
 def render(doc: Mapping[str, Any], label: str) -> str:
     p = doc.get("perf8b") or {}
+    done = [b.get("rounds_done") for t in (p.get("timings") or {}).values()
+            for b in t.values() if isinstance(b, Mapping) and "rounds_done" in b]
+    rounds = p.get("rounds", "?")
+    if done and min(done) != rounds:  # measure stopped early: the call's time ran short
+        rounds = f"{min(done)} (of {rounds} asked)"
     parts = [f"**{label}** ({p.get('models', 'synthetic models')}; "
-             f"{p.get('settings', '')}; {p.get('rounds', '?')} alternating rounds, "
+             f"{p.get('settings', '')}; {rounds} alternating rounds, "
              f"{p.get('tokens', '?')} new tokens a request, medians)"]
     if doc.get("sglang"):
         form = "the patch set" if doc["sglang"] == "0.5.11" else "the plugin"

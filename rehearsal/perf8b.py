@@ -33,7 +33,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +44,9 @@ from rehearsal import client
 PHASE = "perf-8b"
 ROUNDS, TOKENS, BATCHES = 5, 64, (1, 8, 32)
 PROFILE_STEPS = 16
+# Seconds a timing round leaves to what follows it (the profiles' 40, stopping the servers and the
+# rollback): measure starts no round that would eat into them.
+RESERVE_S = 60.0
 STACKED = "ddtree15-8b"  # profiled a second time with Python stacks
 # Host synchronisations a DDTREE round of the current payload may make: the one the scheduler
 # needs (the accepted tokens and path, read on the host), and one for what the profiler itself
@@ -182,30 +185,41 @@ def one(port: int, tokens: int, batch: int, timeout: float) -> dict[str, Any]:
 
 def measure(live: Sequence[tuple[str, int]], pids: Mapping[str, int], *, rounds: int = ROUNDS,
             tokens: int = TOKENS, batches: Sequence[int] = BATCHES,
-            timeout: float = 120.0) -> dict[str, Any]:
-    """``live``: (name, port). Per server and batch the runs and their medians (see module)."""
+            timeout: float = 120.0, time_left: Callable[[], float] | None = None,
+            reserve: float = RESERVE_S) -> dict[str, Any]:
+    """``live``: (name, port). Per server and batch the runs and their medians (see module).
+
+    ``time_left``: the call's seconds left; a round is not started when less than the last
+    round took plus ``reserve`` is left (each entry says how many rounds it has)."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {n: {b: [] for b in batches}
                                                         for n, _ in live}
     for name, port in live:  # warm-up, every batch size (graphs of each, first-use kernels)
         with others_stopped(pids, name):
             for b in batches:
                 one(port, 16, b, timeout)
+    took = 0.0
     for i in range(rounds):
+        before = time_left() if time_left is not None else 0.0
+        if time_left is not None and i > 0 and before < took + reserve:
+            break
         for name, port in (live if i % 2 == 0 else list(reversed(live))):
             with others_stopped(pids, name):
                 for b in batches:
                     runs[name][b].append(one(port, tokens, b, timeout))
+        took = before - time_left() if time_left is not None else 0.0
     out: dict[str, Any] = {}
     for name, port in live:
         entry: dict[str, Any] = {}
         for b, items in runs[name].items():
             costs = [r["round_ms"] for r in items if r["round_ms"] is not None]
             entry[f"batch{b}"] = {
-                "tok_s_median": statistics.median(r["tok_s"] for r in items),
+                "tok_s_median": (statistics.median(r["tok_s"] for r in items)
+                                 if items else None),
                 "tok_s": [round(r["tok_s"], 1) for r in items],
                 "round_ms_median": statistics.median(costs) if costs else None,
                 "round_ms": [round(c, 3) for c in costs],
-                "accept_length": items[-1]["accept_length"],
+                "accept_length": items[-1]["accept_length"] if items else None,
+                "rounds_done": len(items),
                 "errors": [e for r in items for e in r["errors"]][:3]}
         # the same batch 1 with every other server running: what stopping them changes
         running = one(port, tokens, 1, timeout)
@@ -314,7 +328,7 @@ def run_phase(r: Any, mine: Sequence[Any], folder: Path) -> None:
 
     def timings() -> None:
         out["timings"] = measure(live, pids, rounds=max(ROUNDS, r.rounds),
-                                 timeout=max(30.0, min(120.0, r.left() - 20)))
+                                 timeout=max(30.0, min(120.0, r.left() - 20)), time_left=r.left)
 
     def profiled() -> None:
         out["profiles"] = profiles(live, pids, folder, time_left=r.left)

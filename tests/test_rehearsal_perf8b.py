@@ -241,12 +241,42 @@ def test_the_table_names_the_release_and_the_plugins_ab() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import perf8b_table
 
-    doc = {"sglang": "0.5.17", "perf8b": {"timings": {
-        "dflash-8b": {"batch1": {"round_ms_median": 10.0, "tok_s_median": 100.0}},
-        "ddtree15-8b-prev": {"batch1": {"round_ms_median": 20.0, "tok_s_median": 50.0}}}}}
+    doc = {"sglang": "0.5.17", "perf8b": {"rounds": 5, "timings": {
+        "dflash-8b": {"batch1": {"round_ms_median": 10.0, "tok_s_median": 100.0,
+                                 "rounds_done": 3}},
+        "ddtree15-8b-prev": {"batch1": {"round_ms_median": 20.0, "tok_s_median": 50.0,
+                                        "rounds_done": 3}}}}}
     text = perf8b_table.render(doc, "final call")
+    assert "; 3 (of 5 asked) alternating rounds" in text.splitlines()[0]
     assert "; SGLang 0.5.17 + the plugin" in text.splitlines()[0]
     assert "`ddtree15-8b-prev`: the plugin before its verify changes" in text
     assert "`ddtree15-8b-eagerverify`" not in text
     row = next(line for line in text.splitlines() if line.startswith("| ddtree15-8b-prev |"))
     assert "50 (0.50x)" in row
+
+
+def test_measure_alternates_and_starts_no_round_the_call_has_no_time_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[tuple[int, int]] = []
+    clock = {"left": 300.0}
+
+    def timed(port: int, tokens: int, batch: int, timeout: float) -> dict[str, Any]:
+        order.append((port, tokens))
+        clock["left"] -= 10.0  # each batch of requests takes 10 s of the call
+        return {"tok_s": 100.0 + port, "round_ms": 5.0 * port, "accept_length": 1.0,
+                "errors": []}
+
+    monkeypatch.setattr(perf8b, "one", timed)
+    got = perf8b.measure([("a", 1), ("b", 2)], {}, rounds=5, batches=(1, 8),
+                         time_left=lambda: clock["left"], reserve=70.0)
+    # warm-up 4 batches (40 s), then rounds of 40 s from 260 s left: 220, 180, 140 left after
+    # the first three; the fourth starts at 140 >= 40 + 70, the fifth not at 100
+    rounds = [p for p, t in order if t == perf8b.TOKENS][:-2]  # then batch 1, others running
+    assert rounds == [1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1]  # reversed every round
+    assert got["a"]["batch1"]["rounds_done"] == 4 and got["b"]["batch8"]["rounds_done"] == 4
+    assert got["b"]["batch1"]["round_ms_median"] == 10.0
+    assert got["a"]["batch1_others_running"]["round_ms"] == 5.0
+    # without a clock every round runs
+    order.clear()
+    full = perf8b.measure([("a", 1)], {}, rounds=5, batches=(1,))
+    assert full["a"]["batch1"]["rounds_done"] == 5
