@@ -42,7 +42,6 @@ def test_off_a_terminal_each_step_is_a_plain_line_with_its_seconds() -> None:
     con, buf = _console(False)
     with ApplyView(con, verbose=0, terminal=False) as view:
         assert view.progress is None  # no bars into a log file
-        assert view.listeners("ct200") == ()  # nothing of the output is shown: none heard
         view.began("ct200", STEP, "package.install: sglang==0.5.9 — uv pip install")
         view.ended("ct200", STEP, 12.34, ok=True)
         view.began("ct200", LANE, "lane.overlay: CUDA lane cu130")
@@ -352,3 +351,33 @@ def test_the_lane_copys_own_connections_are_heard_as_apply_hears_its_own(tmp_pat
                      "(ct129) echo *** ct129 out| *** ct129"]
     with _bulk(config, "ct129") as alone:  # overlay's own command: nobody listens
         assert alone.observers == () and alone.listeners == ()
+
+
+def test_off_a_terminal_a_long_step_is_said_again_every_half_minute() -> None:
+    """A log file gets no status line: a step that runs on is said again, with its seconds
+    and the last line its command printed (never the output itself at default verbosity)."""
+    from ddtree_deploy.cli.applyview import HEARTBEAT_S
+
+    con, buf = _console(False)
+    clock = Clock()
+    view = ApplyView(con, verbose=0, terminal=False, clock=clock)
+    (heard,) = view.listeners("ct200")
+    view.began("ct200", STEP, "package.install: sglang==0.5.9")
+    heard("pip download", "out", "Downloading sglang-0.5.9-py3-none-any.whl (3.1 MB)")
+    view.tick()  # not yet
+    clock.now += HEARTBEAT_S
+    view.tick()
+    view.tick()  # said once per period
+    clock.now += HEARTBEAT_S * 2
+    heard("uv pip install", "err", "Installed 1 package in 9ms")
+    view.tick()
+    view.ended("ct200", STEP, HEARTBEAT_S * 3, ok=True)
+    clock.now += HEARTBEAT_S
+    view.tick()  # the step is over: nothing more
+    assert buf.getvalue().splitlines() == [
+        "ct200: package.install: sglang==0.5.9",
+        "ct200: package.install sglang==0.5.9 running for 30.0s: "
+        "Downloading sglang-0.5.9-py3-none-any.whl (3.1 MB)",
+        "ct200: package.install sglang==0.5.9 running for 1m30s: Installed 1 package in 9ms",
+        "ct200: package.install sglang==0.5.9 done in 1m30s",
+    ]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ddtree_deploy.transport.live import Listener
 
 LINE_SHOWN = 400  # -vv: a longer output line (a script's JSON answer) is cut here
+HEARTBEAT_S = 30.0  # off a terminal, a running step is said again this often
 
 
 def seconds(value: float) -> str:
@@ -66,6 +67,7 @@ class _Status:
     def __init__(self, text: str, started: float) -> None:
         self.text = text
         self.started = started
+        self.said = started  # off a terminal: when a line last said the step still runs
         self.last = ""
 
 
@@ -87,8 +89,13 @@ class ApplyView:
         self._noted: dict[str, str] = {}
         self._headed: dict[str, str] = {}  # -vv: the command whose output is being shown
         self.progress: RichProgress | None = None  # the lane copy's bars (a terminal only)
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __enter__(self) -> ApplyView:
+        if not self.terminal:  # a log file: a line every HEARTBEAT_S while a step runs
+            self._ticker = threading.Thread(target=self._tick_on, daemon=True)
+            self._ticker.start()
         if self.terminal:
             from rich.live import Live
 
@@ -110,9 +117,31 @@ class ApplyView:
         return Group(self, *(() if self._bars is None else (self._bars,)))
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+    def _tick_on(self) -> None:
+        while not self._stop.wait(1.0):
+            self.tick()
+
+    def tick(self) -> None:
+        """Off a terminal: each step running for HEARTBEAT_S more since it was last said is
+        said again, with its seconds and the last line its command printed."""
+        now = self._clock()
+        due: list[tuple[str, str, float, str]] = []
+        with self._lock:
+            for host, s in sorted(self._status.items()):
+                if now - s.said >= HEARTBEAT_S:
+                    s.said = now
+                    due.append((host, s.text, now - s.started, s.last))
+        for host, text, took, last in due:
+            self.say(f"{host}: {text} running for {seconds(took)}"
+                     + (f": {last.strip()}" if last.strip() else ""))
 
     def progress_for(self, host: str) -> ProgressSink | None:
         """The bars the host's steps draw (None off a terminal: no bars there)."""
@@ -195,9 +224,9 @@ class ApplyView:
         return heard
 
     def listeners(self, host: str) -> tuple[Listener, ...]:
-        """What the host's transport tells as output comes: nobody at default verbosity off a
-        terminal (nothing is shown of it there)."""
-        return (self.listener(host),) if self.terminal or self.verbose >= 2 else ()
+        """What the host's transport tells as output comes (the status line's last line,
+        -vv's lines)."""
+        return (self.listener(host),)
 
     # -- the live part --------------------------------------------------------------
 
