@@ -23,6 +23,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_converge_plan import facts
@@ -30,13 +31,15 @@ from test_converge_plan import facts
 from ddtree_deploy.config.hosts import load_config
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.planner import plan_host
+from ddtree_deploy.converge.steps import step_kind
+from ddtree_deploy.converge.steps.unit_install import unit_text
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.service import endpoint
 from ddtree_deploy.service.plainproc import start, stop
 from ddtree_deploy.service.render import render_unit, unit_command
 from ddtree_deploy.service.resolve import build_spec
-from ddtree_deploy.service.spec import ServiceSpec
+from ddtree_deploy.service.spec import SECRETS_KEY, ServiceSpec
 from ddtree_deploy.settings.model import ServerSettings
 from ddtree_deploy.transport.local import LocalTransport
 
@@ -95,6 +98,38 @@ def test_bind_user_and_secrets_render_without_a_secret(tmp_path: Path) -> None:
     assert not any(KEY in str(s.as_json()) or TOKEN in str(s.as_json()) for s in steps)
     (install,) = [s for s in steps if s.kind == "unit.install"]
     assert "listens on 127.0.0.1:30001" in install.changes[0]
+
+
+def test_a_changed_secret_file_changes_the_unit_and_restarts_the_service(
+        tmp_path: Path) -> None:
+    """Changing only a key or token file (issue 30's debt): plan sees the unit differ, by a
+    salted digest of the secrets' content, so apply installs the new files and restarts."""
+    config = load_config(hosts_file(tmp_path, True))
+    host, dep = config.host("ct200"), config.deployment("sglang-ddtree")
+    spec = build_spec(config, host, facts(True), dep)
+    installed = HostState(units={dep.unit_name: unit_text(spec)})
+
+    def install_step() -> Any:
+        steps = plan_host(config, host, facts(True), installed)
+        return next(s for s in steps if s.kind == "unit.install")
+
+    assert install_step().satisfied
+    for name, value in (("key", "sk-rotated-key-77"), ("token", "hf_rotatedToken99")):
+        (tmp_path / name).write_text(value + "\n")
+        step = install_step()
+        assert not step.satisfied and step.reason == "the unit differs"
+        assert any(c.startswith(f"unit +{SECRETS_KEY}=pbkdf2-sha256:") for c in step.changes)
+        assert step_kind(step.kind).marks_restart
+        assert value not in str(step.as_json()) and KEY not in str(step.as_json())
+        installed = HostState(units={dep.unit_name: unit_text(
+            build_spec(config, host, facts(True), dep))})
+        assert install_step().satisfied
+    digest = spec.secrets_digest
+    assert digest is not None and KEY not in digest and TOKEN not in digest
+    # salted by the service: the same secrets give another digest in another unit
+    secrets = endpoint.read_secrets(tmp_path / "key", tmp_path / "token", "d")
+    assert endpoint.secrets_digest(secrets, "a") != endpoint.secrets_digest(secrets, "b")
+    assert endpoint.secrets_digest(endpoint.Secrets(), "a") is None
 
 
 def test_a_bad_secret_file_is_refused_without_its_content(tmp_path: Path) -> None:

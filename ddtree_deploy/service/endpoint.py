@@ -19,6 +19,7 @@ deployment), read when the unit is installed; the files on the host live in
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import posixpath
@@ -92,6 +93,21 @@ def read_secrets(api_key_file: Path | None, hf_token_file: Path | None,
     where = f"deployments.{deployment}"
     return Secrets(_read_secret(api_key_file, "API key", f"{where}.api_key_file"),
                    _read_secret(hf_token_file, "HF_TOKEN", f"{where}.hf_token_file"))
+
+
+DIGEST_ROUNDS = 20_000  # PBKDF2 rounds: the digest is in a world-readable unit
+
+
+def secrets_digest(secrets: Secrets, stem: str) -> str | None:
+    """A digest of the secrets' content, salted by the service's name and slow to compute
+    (PBKDF2-SHA256): the unit carries it so that plan sees a changed key or token (the
+    unit differs, so apply installs it and restarts the service), never the secrets."""
+    if not secrets.kinds():
+        return None
+    material = json.dumps([secrets.api_key, secrets.hf_token]).encode()
+    salt = f"ddtree-deploy secrets of {stem}".encode()
+    return "pbkdf2-sha256:" + hashlib.pbkdf2_hmac("sha256", material, salt,
+                                                  DIGEST_ROUNDS).hex()[:32]
 
 
 def _put(t: ExecTransport, data: bytes, path: str, mode: int, owner: str | None) -> None:

@@ -22,6 +22,9 @@ MANAGED_KEY = "X-DDTreeDeploy-Managed"  # in [Unit]: marks units this tool creat
 UNIT_DIR = "/etc/systemd/system"
 DEPLOYMENT_KEY = "X-DDTreeDeploy-Deployment"  # in [Unit]: the deployment a unit serves
 PORT_KEY = "X-DDTreeDeploy-Port"  # in [Unit]: the port its /health answers on
+# in [Unit]: a salted digest of the secrets' content (endpoint.secrets_digest), so that a
+# changed key or token changes the unit and restarts the service; never the secrets
+SECRETS_KEY = "X-DDTreeDeploy-Secrets"
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class ServiceSpec:
     ld_library_path: tuple[str, ...] = field(default_factory=tuple)  # venv's nvidia lib dirs
     user: str | None = None  # the unit's User= (None: root)
     secrets: tuple[str, ...] = ()  # which secret files it reads: "api_key", "hf_token"
+    secrets_digest: str | None = None  # their content's digest (endpoint.secrets_digest)
 
     @property
     def unit_name(self) -> str:
