@@ -50,9 +50,10 @@ LABELS = {
     "--venv": "PATH", "--from-venv": "PATH", "--model-path": "PATH", "--draft-model-path": "PATH",
     "--log-file": "PATH", "--out": "FILE", "--abi": "LANE", "--to": "HOST[:VENV]",
     "--from": "HOST", "--deployment": "NAME", "--name": "NAME", "--workload": "NAME",
-    "--algorithm": "none|dflash|ddtree", "--sampling-backend": "flashinfer|pytorch|ascend",
-    "--installer": "uv|pip|auto", "--prompts": "ids|text|auto", "--mode": "auto|systemd|plain",
+    "--installer": "uv|pip|auto",
 }
+# Help that starts with the choices ("none | dflash | ddtree"): they are the label.
+_CHOICES_IN_HELP = re.compile(r"([\w.-]+(?: \| [\w.-]+)+)(?:\s|$)")
 # Options that take a comma-separated list in one value (bench's grid flags).
 LISTS = {"--configs": "CONFIG,...", "--concurrency": "N,...", "--sampling": "MODE,...",
          "--workloads": "NAME,..."}
@@ -89,7 +90,9 @@ def label_params(command: Any) -> None:
             param.metavar = ""
             continue
         opt = next((o for o in param.opts if o.startswith("--")), "")
-        label = LABELS.get(opt) or _label(param)
+        choices = _CHOICES_IN_HELP.match(param.help or "")
+        label = LABELS.get(opt) or (choices and choices.group(1).replace(" | ", "|")) \
+            or _label(param)
         if isinstance(param.default, str) and "," in param.default:
             label = LISTS.get(opt, "TEXT,...")
         if label is not None:
