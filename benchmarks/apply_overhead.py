@@ -32,9 +32,9 @@ def one_apply() -> tuple[float, float]:
     manager.up()
     config = load_config(embedded_hosts_file())
     run = apply_host(config, "ct200")
-    work = sum(s for kind, s in run.timings if kind in WORK)
-    for kind, s in run.timings:
-        print(f"  {kind:<16} {s:6.2f}s {'(work)' if kind in WORK else '(overhead)'}")
+    work = sum(s for kind, _title, s in run.timings if kind in WORK)
+    for kind, title, s in run.timings:
+        print(f"  {kind:<16} {s:6.2f}s {'(work)' if kind in WORK else '(overhead)'}  {title}")
     overhead = run.total_s - work
     print(f"apply total {run.total_s:.2f}s, work {work:.2f}s, overhead {overhead:.2f}s "
           f"= {100 * overhead / run.total_s:.1f}%")
