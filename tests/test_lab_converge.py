@@ -123,7 +123,8 @@ def test_plan_apply_converge(fresh: Config, tmp_path: Path) -> None:
     resumed = cli(lab, "apply", "ct200", "--yes", "-vv")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     # -vv: each command and, line by line, what it printed
-    assert re.search(r"^ct200: \$ .* \(exit 0, [0-9.]+s\)$", resumed.stderr, re.M)
+    assert re.search(r"^ct200: \$ \S", resumed.stderr, re.M), resumed.stderr
+    assert re.search(r"^ct200: .*\(exit 0, [0-9.]+s\)$", resumed.stderr, re.M)
     assert re.search(r"^ct200:   (out|err)\| ", resumed.stderr, re.M), resumed.stderr
     assert cli(lab, "plan", "ct200", "--refresh").returncode == 0
 
