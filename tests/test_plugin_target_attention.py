@@ -216,3 +216,18 @@ def test_prepare_leaves_shadow_linear_to_dflash() -> None:
     assert target_attention.prepare(runner, tree_mode=False, n=8, tp_size=1,
                                     graphs_on=True, env={}) is False
     assert type(backend).__name__ == target_attention.BACKEND_CLASS
+
+
+def test_graphs_captured_on_another_backend_are_not_trusted_with_the_mask() -> None:
+    triton_cls = type(target_attention.BACKEND_CLASS, (), {})
+    changed = type(target_attention.GRAPH_CLASS, (triton_cls,), {})()
+    no_graphs = types.SimpleNamespace(attn_backend=changed, decode_cuda_graph_runner=None)
+    assert target_attention.graphs_hold_mask(no_graphs) is None  # eager verifies: the mask
+    good = types.SimpleNamespace(attn_backend=changed,
+                                 decode_cuda_graph_runner=types.SimpleNamespace(attn_backend=changed))
+    assert target_attention.graphs_hold_mask(good) is None
+    stale = types.SimpleNamespace(
+        attn_backend=changed, decode_cuda_graph_runner=types.SimpleNamespace(
+            attn_backend=triton_cls()))
+    assert target_attention.graphs_hold_mask(stale) == \
+        "the target's graphs were captured on TritonAttnBackend"

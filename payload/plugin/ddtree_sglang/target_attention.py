@@ -100,6 +100,18 @@ def mask_in_graphs(runner: Any) -> str | None:
     return None
 
 
+def graphs_hold_mask(runner: Any) -> str | None:
+    """After capture: None when the target's verify graphs were captured on the changed backend
+    (so they read the mask buffer), else why not (the worker then verifies eagerly)."""
+    graphs = getattr(runner, "decode_cuda_graph_runner", None)
+    if graphs is None:
+        return None  # no graphs: every verify runs eagerly, with the mask
+    backend = getattr(graphs, "attn_backend", None) or getattr(runner, "attn_backend", None)
+    if type(backend).__name__ != GRAPH_CLASS:
+        return f"the target's graphs were captured on {type(backend).__name__}"
+    return None
+
+
 def prepare(runner: Any, *, tree_mode: bool, n: int, tp_size: int, graphs_on: bool,
             env: Mapping[str, str] | None = None) -> bool:
     """Both changes on the target's ``runner`` (see the module); True when the full-tree verify

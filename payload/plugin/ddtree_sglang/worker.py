@@ -84,6 +84,7 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError(f"DDTREE: drafter block {self.block_size}, expected {block}.")
         self.verify_width = block if self.ddtree_shadow_linear else self.ddtree_budget + 1
         self._verify_graphed = False  # init_attention_backends: the verify graphs take the mask
+        self._verify_graphs_checked = False
         if self._need_mamba_verify_commit and not self.ddtree_shadow_linear:
             raise RuntimeError("DDTREE full-tree verification does not support hybrid (mamba) "
                                "targets; set SGLANG_DDTREE_SHADOW_LINEAR=1 or use DFLASH.")
@@ -105,6 +106,17 @@ class DDTreeWorker(DFlashWorkerV2):
             self.target_worker.model_runner, tree_mode=not self.ddtree_shadow_linear,
             n=self.verify_width, tp_size=int(get_tp_group().world_size),
             graphs_on=not bool(getattr(self.server_args, "disable_cuda_graph", False)))
+
+    def _check_verify_graphs(self) -> None:
+        """Once, at the first full-tree verify: the target's graphs were captured on the changed
+        backend (``target_attention.graphs_hold_mask``), else the verify stays eager."""
+        from ddtree_sglang.target_attention import graphs_hold_mask
+
+        self._verify_graphs_checked = True
+        why = graphs_hold_mask(self.target_worker.model_runner)
+        if why is not None:
+            self._verify_graphed = False
+            logger.warning("DDTREE target verify: eager (%s).", why)
 
     def _check_target(self) -> None:
         try:
@@ -251,6 +263,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if not self.ddtree_shadow_linear:
             total = (int(host_lens.sum()) + n * bs) * n
             mask = tree_custom_mask(plan.inputs.mask, host_lens, total, index=mask_index)
+            if self._verify_graphed and not self._verify_graphs_checked:
+                self._check_verify_graphs()
         verify_input = DFlashVerifyInput(
             draft_token=plan.inputs.input_ids.reshape(-1),
             positions=plan.inputs.positions.reshape(-1),
