@@ -135,9 +135,20 @@ def test_secrets_reach_the_server_and_nothing_else(lab: Config, tmp_path: Path) 
         probe = cli(hosts, "probe", "ct129", "keyed-operator", "--json")
         assert probe.returncode == 0, probe.stdout + probe.stderr
         assert "--config" in cmdline and f"HF_TOKEN={TOKEN}" in environ.splitlines()
+        # apply with all it can show (-vv: every command and every line it printed, the
+        # failed command's whole stderr) and its run log (issue 31): never the secrets. Its
+        # outcome is not what this asks (a refusal would still have gathered and printed).
+        applied = cli(hosts, "apply", "ct129", "--yes", "-vv", timeout=900)
+        said = applied.stdout + applied.stderr
+        logged = [ln.split(" run log ", 1)[1] for ln in applied.stderr.splitlines()
+                  if ln.startswith("ct129: run log ")]
+        assert len(logged) == 1, said
+        runlog = Path(logged[0]).read_text()
+        assert "ct129:   out| " in said and '"event": "command"' in runlog, said
         for where, text in (("unit", unit), ("cmdline", cmdline), ("journal", journal),
                             ("systemctl show", shown), ("service up", up.stdout + up.stderr),
-                            ("probe", probe.stdout + probe.stderr)):
+                            ("probe", probe.stdout + probe.stderr), ("apply -vv", said),
+                            ("run log", runlog)):
             assert KEY not in text and TOKEN not in text, where
     finally:
         cli(hosts, "service", "down", "ct129", "keyed-operator", "--remove")
