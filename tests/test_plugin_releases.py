@@ -77,6 +77,11 @@ try:
     out["validate"] = "ok"
 except ValueError as exc:
     out["validate"] = str(exc)
+try:
+    algo.validate_server_args(types.SimpleNamespace(tokenizer_worker_num=2))
+    out["workers"] = "ok"
+except ValueError as exc:
+    out["workers"] = str(exc)
 if out["class"] == "DDTreeSpec":
     enum = info.SpeculativeAlgorithm
     out.update(
@@ -133,6 +138,8 @@ def test_registers_on_the_release(sites: dict[str, Path], version: str) -> None:
     assert got["name"] == "DDTREE" and got["class"] == "DDTreeSpec" and got["ddtree_is"] == (
         "DDTreeSpec")
     assert got["validate"] == "ok"
+    # the extra HTTP workers of --tokenizer-worker-num > 1 load no plugin: no admission there
+    assert got["workers"].startswith("DDTREE needs --tokenizer-worker-num 1 (got 2)")
     assert got["dflash"] and got["family"] and got["target_verify_for_draft"]
     assert not got["eagle"] and not got["need_topk"] and not got["carries"]
     assert got["future_map_is_enums"]

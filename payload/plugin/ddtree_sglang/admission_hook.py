@@ -4,7 +4,10 @@ by a BEFORE hook on ``TokenizerManager.generate_request`` (SGLang's ``HookRegist
 
 A request DDTREE would serve differently from plain decoding raises ``ddtree.admission.Refused``
 (a ``ValueError``: SGLang answers it with HTTP 400) before it reaches the scheduler; requests to a
-server of another algorithm pass untouched.
+server of another algorithm pass untouched. SGLang's streaming routes call the tokenizer manager
+only once the stream has started (HTTP 200), so an AFTER hook on ``TokenizerManager.__init__``
+installs ``http_admission`` in the process that serves HTTP, which refuses streamed requests
+before that; a DDTREE server where it cannot be installed does not start.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 logger = logging.getLogger("ddtree_sglang")
 
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+INIT_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__"
 
 
 def request_fields(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -30,12 +34,16 @@ def request_fields(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return fields, defaults
 
 
+def serves(manager: Any, name: str) -> bool:
+    algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
+    return str(algorithm or "").upper() == name
+
+
 def make_hook(name: str) -> Any:
     from ddtree.admission import check_request
 
     def before(manager: Any, obj: Any, *args: Any, **kwargs: Any) -> None:
-        algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
-        if str(algorithm or "").upper() != name or not dataclasses.is_dataclass(obj):
+        if not serves(manager, name) or not dataclasses.is_dataclass(obj):
             return None
         if type(obj).__name__ != "GenerateReqInput":
             return None
@@ -44,6 +52,30 @@ def make_hook(name: str) -> Any:
         return None
 
     return before
+
+
+def make_init_hook(name: str) -> Any:
+    """AFTER hook on ``TokenizerManager.__init__``: on a DDTREE server, the streamed requests'
+    admission (``http_admission.install``); raises, so the server does not start, where it
+    cannot be installed."""
+
+    def after(result: Any, manager: Any, *args: Any, **kwargs: Any) -> None:
+        if not serves(manager, name):
+            return None
+        from ddtree_sglang import http_admission
+
+        try:
+            http_admission.install(name)
+        except http_admission.NotInstalled as exc:
+            raise RuntimeError(
+                f"{name} refused: its admission of streamed requests cannot be installed in "
+                f"SGLang's HTTP server ({exc}); without it a streamed request {name} would serve "
+                "differently from plain decoding would get HTTP 200 and an error event instead "
+                "of a 400. Reinstall ddtree-sglang-plugin or use a supported SGLang release."
+            ) from exc
+        return None
+
+    return after
 
 
 def unready() -> str | None:
@@ -61,17 +93,19 @@ def unready() -> str | None:
 
 
 def install(name: str) -> bool:
-    """Register the hook (before SGLang applies hooks); False where it cannot be."""
+    """Register the hooks (before SGLang applies hooks); False where they cannot be."""
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        hook = make_hook(name)
+        hooks = {TARGET: (make_hook(name), HookType.BEFORE),
+                 INIT_TARGET: (make_init_hook(name), HookType.AFTER)}
     except ImportError as exc:
         logger.error("DDTREE admission hook not installed (%s); requests are not checked.", exc)
         return False
-    hooks = getattr(HookRegistry, "_hooks", {}).get(TARGET, [])
-    if any(getattr(entry[1], "ddtree_admission", None) == name for entry in hooks):
-        return True  # the plugin loaded twice in this process: one hook is enough
-    hook.ddtree_admission = name
-    HookRegistry.register(TARGET, hook, HookType.BEFORE)
+    for target, (hook, kind) in hooks.items():
+        listed = getattr(HookRegistry, "_hooks", {}).get(target, [])
+        if any(getattr(entry[1], "ddtree_admission", None) == name for entry in listed):
+            continue  # the plugin loaded twice in this process: one hook is enough
+        hook.ddtree_admission = name
+        HookRegistry.register(target, hook, kind)
     return True

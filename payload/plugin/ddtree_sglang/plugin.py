@@ -8,7 +8,9 @@ breaks start-up would break servers that do not use DDTREE. Instead:
 * a release outside ``releases.SUPPORTED``: DDTREE is registered as a name whose server-args
   check refuses with the supported list (an unknown name would be SGLang's vaguer error);
 * the request admission hook cannot be installed (``admission_hook.unready``): DDTREE is
-  registered only to refuse at start, as requests it would serve differently would pass;
+  registered only to refuse at start, as requests it would serve differently would pass (and
+  ``--tokenizer-worker-num`` above 1 is refused: those HTTP workers load no plugin; the
+  streamed requests' part, ``http_admission``, refuses start-up itself where it fails);
 * a SGLang that has its own DDTREE (upstream PR #29907): that one serves
   ``--speculative-algorithm DDTREE``; the plugin registers as ``DDTREE_PLUGIN`` and says so.
 """
@@ -72,6 +74,12 @@ def register(version: str, algorithm_cls: type, registry: Any,
 
     def validate(server_args: Any) -> None:
         from_env(os.environ)  # a bad setting fails before any model loads
+        workers = getattr(server_args, "tokenizer_worker_num", 1) or 1
+        if int(workers) > 1:  # its HTTP workers import the app afresh: no plugin loaded there
+            raise ValueError(
+                f"{name} needs --tokenizer-worker-num 1 (got {workers}): SGLang's extra HTTP "
+                "worker processes load no plugin, so DDTREE's request admission would not run "
+                "there")
 
     algorithm_cls.register(name, supports_overlap=False, validate_server_args=validate,
                            spec_class=spec_class)(worker_factory)

@@ -1,0 +1,413 @@
+"""The plugin refuses streamed requests with HTTP 400 before the stream starts (issue 25, plugin
+form), on every supported release.
+
+Session 7's H200 run of SGLang 0.5.17 + the plugin: /generate with "stream": true answered HTTP 200
+and then an SSE event ``data: {"error": ...}``, because SGLang's route starts the stream before it
+calls the tokenizer manager, where the plugin's only check was. ``http_admission`` adds two:
+
+* ``/generate``: its ASGI middleware in a real FastAPI app (fastapi 0.140.13, starlette 0.52.1: the
+  stack the H200 runs, tests/wheels.toml) whose /generate route has SGLang's shape: a stream that
+  calls the tokenizer manager (the plugin's own BEFORE hook) inside it, SGLang's error bodies.
+  That the real route has that shape is read from each release's http_server.py.
+* ``/v1/completions`` and ``/v1/chat/completions``: each release's real ``OpenAIServingBase`` (its
+  serving_base.py, loaded by file with the fakes below) and real ``HookRegistry``
+  (hook_registry.py) apply the plugin's hook to the serving classes, whose
+  ``_convert_to_internal_request`` is read from the release's files (sync, returns the
+  ``GenerateReqInput`` first); ``handle_request`` then answers 400 and never starts the stream.
+
+Requests use each release's real ``GenerateReqInput`` (its dataclass, compiled from the wheel).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import functools
+import json
+import sys
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from wheelcache import wheel
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "payload" / "plugin"))
+sys.path.insert(0, str(ROOT / "payload"))
+# pure-Python wheels import from the file itself (zipimport): no install, no process
+sys.path.insert(0, str(wheel("starlette", "0.52.1")))
+sys.path.insert(0, str(wheel("fastapi", "0.140.13")))
+if "orjson" not in sys.modules:  # fastapi's ORJSONResponse needs it; not in this venv
+    _orjson = types.ModuleType("orjson")
+    _orjson.OPT_NON_STR_KEYS, _orjson.OPT_SERIALIZE_NUMPY = 1, 2  # type: ignore[attr-defined]
+    _orjson.dumps = lambda obj, option=None, default=None: json.dumps(obj).encode()  # type: ignore[attr-defined]
+    sys.modules["orjson"] = _orjson
+
+from ddtree_sglang import admission_hook, http_admission, releases  # noqa: E402
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+from starlette.middleware.cors import CORSMiddleware  # noqa: E402
+
+SUPPORTED = sorted(releases.SUPPORTED)
+REFUSED = [("frequency_penalty", {"sampling_params": {"frequency_penalty": 1.5}}),
+           ("min_new_tokens", {"sampling_params": {"min_new_tokens": 3}}),
+           ("logit_bias", {"sampling_params": {"logit_bias": {"5": 2.0}}}),
+           ("return_logprob", {"return_logprob": True})]
+NEUTRAL = {"sampling_params": {"frequency_penalty": 0.0, "presence_penalty": 0.0,
+                               "repetition_penalty": 1.0, "min_new_tokens": 0,
+                               "temperature": 0.7, "top_k": 2, "top_p": 0.9, "min_p": 0.1,
+                               "stop_token_ids": [7], "max_new_tokens": 4}}
+
+
+@functools.cache
+def _source(release: str, path: str) -> str:
+    with zipfile.ZipFile(wheel("sglang", release)) as zf:
+        return zf.read(path).decode()
+
+
+@functools.cache
+def real_request_class(release: str) -> type:
+    """The release's ``GenerateReqInput``, compiled from its io_struct.py alone."""
+    tree = ast.parse(_source(release, "sglang/srt/managers/io_struct.py"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GenerateReqInput")
+    import uuid
+    from collections import Counter
+
+    scope: dict[str, Any] = {"dataclass": dataclasses.dataclass, "field": dataclasses.field,
+                             "uuid": uuid, "Counter": Counter, "__name__": __name__}
+    module = ast.Module(body=[ast.ImportFrom(module="__future__", names=[
+        ast.alias(name="annotations")], level=0), cls], type_ignores=[])
+    exec(compile(ast.fix_missing_locations(module), "io_struct.py", "exec"), scope)
+    return scope["GenerateReqInput"]  # type: ignore[no-any-return]
+
+
+def manager(algorithm: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(server_args=types.SimpleNamespace(speculative_algorithm=algorithm))
+
+
+# ---- /generate: the middleware in a real FastAPI app with SGLang's route shape -------------
+
+def sglang_shaped_app(request_cls: type, algorithm: str) -> FastAPI:
+    """/generate as SGLang 0.5.17-0.5.23 serve it (http_server.generate_request): a streamed
+    request's tokenizer-manager call (with the plugin's BEFORE hook) runs inside the stream; a
+    ValueError there is an SSE error event after HTTP 200, before it SGLang's 400 body."""
+    app = FastAPI()
+    app.add_middleware(CORSMiddleware, allow_origins=["*"])
+    check = admission_hook.make_hook("DDTREE")
+    tm = manager(algorithm)
+    names = {f.name for f in dataclasses.fields(request_cls)}
+
+    async def tokens(obj: Any) -> Any:
+        check(tm, obj)
+        for i in range(3):
+            yield {"output_ids": list(range(i + 1)), "echo": obj.sampling_params}
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate_request(request: Request) -> Any:
+        obj = request_cls(**{k: v for k, v in (await request.json()).items() if k in names})
+        if obj.stream:
+            async def stream_results() -> Any:
+                try:
+                    async for out in tokens(obj):
+                        yield b"data: " + json.dumps(out).encode() + b"\n\n"
+                except ValueError as e:
+                    yield b"data: " + json.dumps({"error": {"message": str(e)}}).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(stream_results(), media_type="text/event-stream")
+        try:
+            return JSONResponse(await tokens(obj).__anext__())
+        except ValueError as e:
+            return JSONResponse({"error": {"message": str(e)}}, status_code=400)
+
+    return app
+
+
+@pytest.fixture()
+def http_process(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process as SGLang's HTTP process: its http_server module (with ``app``) loaded;
+    the serving hooks' part is the /v1 tests' (here: recorded, not applied)."""
+    applied: list[str] = []
+    monkeypatch.setattr(http_admission, "hook_serving", applied.append)
+
+    def start(release: str, algorithm: str = "DDTREE") -> tuple[FastAPI, list[str]]:
+        cls = real_request_class(release)
+        app = sglang_shaped_app(cls, algorithm)
+        http = types.ModuleType(http_admission.HTTP_MODULE)
+        http.app = app  # type: ignore[attr-defined]
+        io_struct = types.ModuleType("sglang.srt.managers.io_struct")
+        io_struct.GenerateReqInput = cls  # type: ignore[attr-defined]
+        for name in ("sglang", "sglang.srt", "sglang.srt.managers", "sglang.srt.entrypoints"):
+            package = types.ModuleType(name)
+            package.__path__ = []
+            monkeypatch.setitem(sys.modules, name, package)
+        monkeypatch.setitem(sys.modules, http.__name__, http)
+        monkeypatch.setitem(sys.modules, io_struct.__name__, io_struct)
+        admission_hook.make_init_hook("DDTREE")(None, manager(algorithm))
+        return app, applied
+
+    return start
+
+
+def post(app: FastAPI, body: dict[str, Any], path: str = "/generate") -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sglang") as client:
+            return await client.post(path, json=body)
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+@pytest.mark.parametrize(("name", "fields"), REFUSED)
+def test_a_streamed_generate_request_ddtree_refuses_is_a_400_before_the_stream(
+        http_process: Any, release: str, name: str, fields: dict[str, Any]) -> None:
+    app, applied = http_process(release)
+    got = post(app, {"input_ids": [1, 2, 3], "stream": True, **fields})
+    assert got.status_code == 400 and got.headers["content-type"] == "application/json"
+    message = got.json()["error"]["message"]
+    assert message.startswith(f"DDTREE speculative decoding refuses {name}=")
+    assert "data:" not in got.text
+    assert applied == ["DDTREE"]  # and the /v1 hooks were asked for
+
+
+def test_without_the_middleware_the_stream_starts_and_carries_the_refusal() -> None:
+    """The H200 finding (0.5.17, session 7): HTTP 200, then ``data: {"error": ...}``."""
+    got = post(sglang_shaped_app(real_request_class("0.5.17"), "DDTREE"),
+               {"input_ids": [1], "stream": True, **REFUSED[0][1]})
+    assert got.status_code == 200
+    assert got.text.startswith('data: {"error": {"message": "DDTREE speculative decoding '
+                               'refuses frequency_penalty=1.5')
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_neutral_streams_and_plain_requests_pass_through_unchanged(http_process: Any,
+                                                                  release: str) -> None:
+    app, _ = http_process(release)
+    body = {"input_ids": [1, 2, 3], "stream": True, **NEUTRAL}
+    got = post(app, body)
+    assert got.status_code == 200 and got.headers["content-type"].startswith("text/event-stream")
+    events = [line[6:] for line in got.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) == 4
+    assert json.loads(events[0])["echo"] == NEUTRAL["sampling_params"]  # the body, as sent
+    # not streamed: SGLang's own path refuses it (the tokenizer manager's hook), still a 400
+    plain = post(app, {"input_ids": [1], "stream": False, **REFUSED[0][1]})
+    assert plain.status_code == 400 and "frequency_penalty" in plain.json()["error"]["message"]
+    # a body that is not JSON is handed to the route (which fails on it itself)
+    assert asyncio.run(_raw(app, b"{not json")) == 500
+
+
+async def _raw(app: FastAPI, data: bytes) -> int:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://sglang") as client:
+        got = await client.post("/generate", content=data,
+                                headers={"content-type": "application/json"})
+    return got.status_code
+
+
+def test_other_algorithms_get_no_middleware_and_stream_as_before(http_process: Any) -> None:
+    app, applied = http_process("0.5.17", algorithm="DFLASH")
+    assert applied == [] and all(m.cls is not http_admission.StreamAdmission
+                                 for m in app.user_middleware)
+    got = post(app, {"input_ids": [1], "stream": True, **REFUSED[0][1]})
+    assert got.status_code == 200  # DFLASH serves penalties (issue 25's anchor finding)
+
+
+def test_the_middleware_is_innermost_and_installed_once(http_process: Any) -> None:
+    app, _ = http_process("0.5.23")
+    admission_hook.make_init_hook("DDTREE")(None, manager("DDTREE"))  # a second manager
+    app.add_middleware(CORSMiddleware, allow_origins=["*"])  # SGLang adds more (API key) later
+    assert [m.cls for m in app.user_middleware][-1] is http_admission.StreamAdmission
+    assert sum(m.cls is http_admission.StreamAdmission for m in app.user_middleware) == 1
+    got = post(app, {"text": "hi", "stream": True, **REFUSED[0][1]})
+    assert got.status_code == 400
+
+
+def test_an_app_that_already_started_refuses_ddtree_at_start(http_process: Any,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    app, _ = http_process("0.5.17", algorithm="DFLASH")
+    assert post(app, {"input_ids": [1]}).status_code == 200  # the app has started
+    with pytest.raises(RuntimeError, match="DDTREE refused: its admission of streamed requests "
+                                           "cannot be installed .*already started"):
+        admission_hook.make_init_hook("DDTREE")(None, manager("DDTREE"))
+
+
+def test_an_engine_without_http_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, http_admission.HTTP_MODULE, raising=False)
+    assert http_admission.install("DDTREE") is False
+    assert admission_hook.make_init_hook("DDTREE")(None, manager("DDTREE")) is None
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_the_real_generate_route_calls_the_tokenizer_manager_inside_its_stream(
+        release: str) -> None:
+    """Why the middleware: each release's /generate starts the stream, then calls the tokenizer
+    manager; its own error body is ``{"error": {"message": str(e)}}``, the middleware's too."""
+    tree = ast.parse(_source(release, "sglang/srt/entrypoints/http_server.py"))
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.AsyncFunctionDef | ast.FunctionDef)}
+    route = next(f for f in funcs.values() if any(
+        isinstance(d, ast.Call) and d.args and getattr(d.args[0], "value", None) == "/generate"
+        for d in f.decorator_list))
+    called = {c.func.id for c in ast.walk(route) if isinstance(c, ast.Call)
+              and isinstance(c.func, ast.Name)}
+    serve = funcs.get("serve_generate_request") if "serve_generate_request" in called else route
+    assert serve is not None
+    stream = next(n for n in ast.walk(serve) if isinstance(n, ast.If)
+                  and ast.unparse(n.test) == "obj.stream")
+    inner = next(n for n in stream.body if isinstance(n, ast.AsyncFunctionDef))
+    assert "tokenizer_manager.generate_request(" in ast.unparse(inner)
+    assert any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "app"
+               and ast.unparse(n.value).startswith("FastAPI(") for n in tree.body)
+    error = ast.unparse(funcs["_create_error_response"])
+    assert "{'error': {'message': str(e)}}" in error
+
+
+# ---- /v1: the real OpenAIServingBase.handle_request and HookRegistry of each release --------
+
+FAKES = {
+    "sglang.srt.entrypoints.openai.encoding_dsv32": {"DS32EncodingError": type(
+        "DS32EncodingError", (Exception,), {})},
+    "sglang.srt.observability.req_time_stats": {"monotonic_time": lambda: 0.0},
+    "sglang.srt.runtime_context": {"get_observability": lambda: None},
+    "sglang.srt.server_args": {"ServerArgs": type("ServerArgs", (), {})},  # not ours
+}
+
+
+@dataclasses.dataclass
+class ErrorResponse:  # protocol.ErrorResponse's fields, as create_error_response fills them
+    object: str
+    message: str
+    type: str
+    param: Any
+    code: int
+
+    def model_dump(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _load(name: str, text: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    module = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, name, module)
+    exec(compile(text, name.replace(".", "/") + ".py", "exec"), module.__dict__)
+    return module
+
+
+@pytest.fixture(params=SUPPORTED)
+def serving(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Per release: its real hook_registry and serving_base; the two serving classes as the
+    targets the plugin hooks (their conversion's shape is read from the release's files)."""
+    release = request.param
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins", "sglang.srt.entrypoints",
+                 "sglang.srt.entrypoints.openai", "sglang.srt.managers",
+                 "sglang.srt.observability"):
+        package = types.ModuleType(name)
+        package.__path__ = []
+        monkeypatch.setitem(sys.modules, name, package)
+    for name, attrs in FAKES.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    cls = real_request_class(release)
+    io_struct = types.ModuleType("sglang.srt.managers.io_struct")
+    io_struct.GenerateReqInput, io_struct.EmbeddingReqInput = cls, type("E", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, io_struct.__name__, io_struct)
+    protocol = types.ModuleType("sglang.srt.entrypoints.openai.protocol")
+    protocol.ErrorResponse, protocol.OpenAIServingRequest = ErrorResponse, Any  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, protocol.__name__, protocol)
+    registry = _load("sglang.srt.plugins.hook_registry",
+                     _source(release, "sglang/srt/plugins/hook_registry.py"), monkeypatch)
+    base = _load("sglang.srt.entrypoints.openai.serving_base",
+                 _source(release, "sglang/srt/entrypoints/openai/serving_base.py"), monkeypatch)
+    started: list[Any] = []
+
+    def serving_class(name: str) -> type:
+        def convert(self: Any, request: Any, raw_request: Any = None) -> tuple[Any, Any]:
+            return cls(input_ids=[1, 2], stream=request.stream, **request.fields), request
+
+        async def streaming(self: Any, adapted: Any, processed: Any, raw: Any) -> str:
+            started.append(adapted)
+            return "stream started"
+
+        async def plain(self: Any, adapted: Any, processed: Any, raw: Any) -> str:
+            return "served"
+
+        return type(name, (base.OpenAIServingBase,), {
+            "_request_id_prefix": lambda self: "x-", "_convert_to_internal_request": convert,
+            "_handle_streaming_request": streaming, "_handle_non_streaming_request": plain,
+            "_validate_request": lambda self, request: None})
+
+    classes = {}
+    for target in http_admission.SERVING_TARGETS:
+        module_name, class_name, _ = target.rsplit(".", 2)
+        module = types.ModuleType(module_name)
+        classes[class_name] = serving_class(class_name)
+        setattr(module, class_name, classes[class_name])
+        monkeypatch.setitem(sys.modules, module_name, module)
+    yield types.SimpleNamespace(release=release, registry=registry.HookRegistry,
+                                classes=classes, started=started)
+    registry.HookRegistry.reset()
+
+
+def _handle(serving_cls: type, algorithm: str, stream: bool, fields: dict[str, Any]) -> Any:
+    tm = manager(algorithm)
+    tm.request_logger = types.SimpleNamespace(log_requests=False, log_requests_level=0)
+    request = types.SimpleNamespace(stream=stream, fields=fields)
+    return asyncio.run(serving_cls(tm).handle_request(request, None))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_v1_refusals_are_a_400_from_the_real_handle_request_before_any_stream(
+        serving: Any, stream: bool) -> None:
+    http_admission.hook_serving("DDTREE")
+    assert set(http_admission.SERVING_TARGETS) <= serving.registry._patched
+    for cls in serving.classes.values():
+        for name, fields in REFUSED:
+            got = _handle(cls, "DDTREE", stream, fields)
+            assert got.status_code == 400, (serving.release, name)
+            doc = json.loads(got.body)
+            assert doc["object"] == "error" and doc["code"] == 400
+            assert doc["message"].startswith(f"DDTREE speculative decoding refuses {name}=")
+        assert _handle(cls, "DDTREE", stream, NEUTRAL) == ("stream started" if stream
+                                                           else "served")
+        assert _handle(cls, "DFLASH", stream, REFUSED[0][1]) == ("stream started" if stream
+                                                                 else "served")
+    assert len(serving.started) == (4 if stream else 0)  # neutral + DFLASH, two classes
+    http_admission.hook_serving("DDTREE")  # again (a second manager): one hook per target
+    assert all(len(serving.registry._hooks[t]) == 1 for t in http_admission.SERVING_TARGETS)
+
+
+def test_v1_without_the_hooks_a_stream_would_start(serving: Any) -> None:
+    """What the plugin did before: the refused stream reached _handle_streaming_request."""
+    for cls in serving.classes.values():
+        assert _handle(cls, "DDTREE", True, REFUSED[0][1]) == "stream started"
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+@pytest.mark.parametrize("path", ["sglang/srt/entrypoints/openai/serving_completions.py",
+                                  "sglang/srt/entrypoints/openai/serving_chat.py"])
+def test_the_real_serving_classes_convert_synchronously_to_a_generate_request(
+        release: str, path: str) -> None:
+    tree = ast.parse(_source(release, path))
+    targets = {t.rsplit(".", 2)[1] for t in http_admission.SERVING_TARGETS}
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in targets)
+    convert = next(n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                   and n.name == "_convert_to_internal_request")
+    assert isinstance(convert, ast.FunctionDef)  # sync: an AFTER hook sees its result
+    returns = [n for n in ast.walk(convert) if isinstance(n, ast.Return)]
+    assert returns and all(isinstance(r.value, ast.Tuple)
+                           and ast.unparse(r.value.elts[0]) == "adapted_request" for r in returns)
+    assert "adapted_request = GenerateReqInput(" in ast.unparse(convert)
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_the_real_tokenizer_manager_keeps_its_server_args(release: str) -> None:
+    """The init hook reads ``manager.server_args`` (and the admission hook does too)."""
+    tree = ast.parse(_source(release, "sglang/srt/managers/tokenizer_manager.py"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TokenizerManager")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert "self.server_args = server_args" in ast.unparse(init)
