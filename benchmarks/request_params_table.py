@@ -25,9 +25,9 @@ def _detail(check: str, v: Mapping[str, Any]) -> str:
         return str(v["error"])[:60].replace("|", "/")
     if check == "refusals":
         rows = v.get("rows", {})
-        refused = sum(1 for r in rows.values() for k in ("generate", "generate-stream", "v1")
-                      if r.get(k, {}).get("status") == 400 and r[k].get("named"))
-        return f"{refused}/{3 * len(rows)} refused naming it"
+        routes = [(r, k) for r in rows.values() for k in r if k != "neutral"]
+        refused = sum(1 for r, k in routes if r[k].get("status") == 400 and r[k].get("named"))
+        return f"{refused}/{len(routes)} refused naming it"
     if check in ("greedy", "parallel-n"):
         if "wrong_count" not in v:  # call 1 kept the first 10 only
             listed = len(v.get("wrong", []))

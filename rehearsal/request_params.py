@@ -9,8 +9,9 @@ FAIL: ``topk-shortcut`` (payload 0.2.2's dense shortcut keyed on the largest top
 
 Checks, per server, all in mixed concurrent batches:
 * ``refusals``: each refused contract row (penalties, min_new_tokens, logit_bias, a custom logit
-  processor, logprobs, a grammar) on /generate streamed and not and on /v1/completions: HTTP 400
-  naming the parameter and DDTREE, no token; the same row's neutral value is served.
+  processor, logprobs, a grammar) on /generate and /v1/completions, streamed and not: HTTP 400
+  naming the parameter and DDTREE, no token (a 200 whose stream carries the error fails); the
+  neutral value is served. (Chat needs a template: tests/test_plugin_http_admission.py.)
 * ``greedy``: 48 requests mixing max_new_tokens 1-12 and 16-64, stop_token_ids taken from the
   closed-form path (the output must end there), neutral penalties as OpenAI clients send them,
   EOS honoured (ignore_eos false; some true), 8 streamed; output ids equal to no speculation's,
@@ -120,14 +121,18 @@ def _body(fields: dict[str, Any], stream: bool) -> dict[str, Any]:
 V1_NAMES = {"min_new_tokens": "min_tokens", "return_logprob": "logprobs"}
 
 
-def _v1_body(fields: dict[str, Any]) -> dict[str, Any]:
+def _v1_body(fields: dict[str, Any], stream: bool = False) -> dict[str, Any]:
     flat = {**fields.get("sampling_params", {}),
             **{k: v for k, v in fields.items() if k != "sampling_params"}}
     body: dict[str, Any] = {"model": "default", "prompt": [11, 12, 100], "max_tokens": 8,
-                            "temperature": 0.0, "stream": False}
+                            "temperature": 0.0, "stream": stream}
     for key, value in flat.items():
         body[V1_NAMES.get(key, key)] = 1 if key == "return_logprob" else value
     return body
+
+
+# (row key, streamed): /generate and /v1/completions, each streamed and not
+ROUTES = (("generate", False), ("generate-stream", True), ("v1", False), ("v1-stream", True))
 
 
 def refusals(port: int, ddtree: bool) -> dict[str, Any]:
@@ -137,9 +142,9 @@ def refusals(port: int, ddtree: bool) -> dict[str, Any]:
     ok = True
     for name, fields, neutral in REFUSED:
         got: dict[str, Any] = {}
-        for route, stream in (("generate", False), ("generate-stream", True), ("v1", False)):
-            if route == "v1":
-                status, text = post(port, "/v1/completions", _v1_body(fields))
+        for route, stream in ROUTES:
+            if route.startswith("v1"):
+                status, text = post(port, "/v1/completions", _v1_body(fields, stream))
             else:
                 status, text = post(port, "/generate", _body(fields, stream))
             named = name in text and "DDTREE" in text

@@ -93,6 +93,14 @@ class _Handler(BaseHTTPRequestHandler):
             return str(exc)
         return None
 
+    def _late(self, why: str) -> None:
+        """A refusal inside a started stream (the plugin on 0.5.17 before its HTTP admission)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b"data: " + json.dumps({"error": {"message": why}}).encode()
+                         + b"\n\ndata: [DONE]\n\n")
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/v1/completions":
@@ -106,11 +114,15 @@ class _Handler(BaseHTTPRequestHandler):
                 elif k in admission.REQUEST_RULES:
                     fields[k] = bool(v) if k == "return_logprob" else v
             why = self._admit({**fields, "sampling_params": sp})
+            if why and body.get("stream") and self.mode == "latestream":
+                return self._late(why)
             if why:
                 return self._reply(400, {"object": "error", "message": why, "code": 400})
             ids = _tokens(self.mode, fields["input_ids"], sp, self.rng)
             return self._reply(200, {"choices": [{"text": "", "index": 0}], "n": len(ids)})
         why = self._admit({k: v for k, v in body.items()})
+        if why and body.get("stream") and self.mode == "latestream":
+            return self._late(why)
         if why:
             return self._reply(400, {"error": {"message": why}})
         sp = body.get("sampling_params") or {}
@@ -219,7 +231,7 @@ def test_the_phase_passes_exact_servers_and_fails_both_negative_controls(
     assert "| topk-mix | pass" in text and "FAIL: 0 refused, 16 served wrong" in text
     assert table({}).count("unrun") == 8 * 6 + 1
     row = got["request-params/rp-ddtree15/refusals"]["rows"]["min_new_tokens"]
-    assert {row[k]["status"] for k in ("generate", "generate-stream", "v1")} == {400}
+    assert {row[k]["status"] for k in ("generate", "generate-stream", "v1", "v1-stream")} == {400}
     assert row["neutral"]["status"] == 200
 
 
@@ -296,3 +308,21 @@ def test_session_7s_calls_validate_and_say_what_results_md_reports() -> None:
     round_ms = patch.perf8b["timings"]["ddtree15-8b"]["batch1"]["round_ms_median"]
     assert round(round_ms, 2) == 8.70
     assert patch.perf8b["syncs"]["ddtree15-8b"] == {"syncs_per_round": 1.5, "limit": 2, "ok": True}
+
+
+def test_a_streamed_refusal_inside_a_started_stream_fails_the_refusals_check() -> None:
+    """Session 7's 0.5.17 finding: HTTP 200, then ``data: {"error": ...}`` naming DDTREE; the
+    phase must flag it on both streamed routes and pass the same server's other routes."""
+    handler = type("H", (_Handler,), {"mode": "latestream", "rng": random.Random(7)})
+    httpd = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        got = request_params.refusals(httpd.server_address[1], ddtree=True)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert not got["ok"]
+    for row in got["rows"].values():
+        assert row["generate"]["status"] == row["v1"]["status"] == 400
+        for route in ("generate-stream", "v1-stream"):
+            assert row[route]["status"] == 200 and row[route]["named"], row[route]
