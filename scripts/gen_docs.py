@@ -132,7 +132,8 @@ def commands() -> str:
            "Every built-in command (`ddtree-deploy COMMAND -h` says the same on a terminal). "
            "Exit codes: 0 success, 1 failed, 2 usage or configuration error, 3 some hosts "
            "failed, 4 `plan`: changes pending, 124 a deadline passed, 130 interrupted; when "
-           "several apply, 2 > 1 > 3 > 4 > 0.\n"]
+           "several apply, 2 > 1 > 3 > 4 > 0 "
+           "([troubleshooting.md](troubleshooting.md#exit-codes) says how they combine).\n"]
 
     def walk(command: Any, path: list[str]) -> None:
         if path and path[0] not in cli_app.BUILT_INS:

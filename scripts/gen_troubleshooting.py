@@ -132,11 +132,13 @@ EXIT_CODES = """\
 | 124 | a deadline passed (`probe --deadline`, a remote command's timeout) |
 | 130 | interrupted (Ctrl-C) |
 
-When several apply in one run, the highest in **2 > 1 > 3 > 4 > 0** is the exit code (a usage
-error beats a failure, a failure beats a partial one). A reader that stops early, as
-`ddtree-deploy plan | head`, ends the output with exit 1 and no traceback; so does a closed
-stdout. With `--json` a failure is `{"ok": false, "error": {"message", "hint", "file",
-"line"}, "exit_code", "schema"}` on stdout; `--debug` adds the traceback on stderr for a bug
+When several apply, the precedence is **2 > 1 > 3 > 4 > 0**: a wrong flag or hosts.yaml is 2
+before any host is contacted; when every host fails the code is theirs if they share one, else
+1; when some hosts fail and others succeed it is 3, even where the others have changes pending
+(3 over `plan`'s 4). When the tool writes after its reader has left (a long output piped
+to `| head -1`), it stops with exit 1 and no traceback; so does a closed stdout.
+With `--json` a failure is `{"ok": false, "error": {"message", "hint", "file", "line"},
+"exit_code", "schema"}` on stdout; `--debug` adds the traceback on stderr for a bug
 report.
 """
 
