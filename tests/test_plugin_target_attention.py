@@ -197,17 +197,23 @@ def test_a_policy_that_still_refuses_leaves_the_backend_as_it_was(
 @pytest.mark.parametrize(("tree_mode", "env", "graphs_on", "said"), [
     (True, {"SGLANG_DDTREE_VERIFY_GRAPH": "0"}, True, "eager (SGLANG_DDTREE_VERIFY_GRAPH=0)"),
     (True, {}, False, "eager (CUDA graphs are off)"),
+    # both off: the plugin before these changes (perf-8b's ddtree15-8b-prev), nothing wrapped
+    (True, {"SGLANG_DDTREE_VERIFY_GRAPH": "0", "SGLANG_DDTREE_TREE_ATTENTION": "0"}, True,
+     "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0); eager (SGLANG_DDTREE_VERIFY_GRAPH=0)"),
 ])
 def test_prepare_keeps_the_verify_eager_when_switched_off(
         tree_mode: bool, env: dict[str, str], graphs_on: bool, said: str,
         caplog: pytest.LogCaptureFixture) -> None:
-    backend = type(target_attention.BACKEND_CLASS, (), {})()
+    extend = object()
+    backend = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": extend})()
     runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None)
     with caplog.at_level(logging.INFO, logger=target_attention.__name__):
         assert target_attention.prepare(runner, tree_mode=tree_mode, n=16, tp_size=1,
                                         graphs_on=graphs_on, env=env) is False
     assert said in caplog.text and "DDTREE target verify: tree kernel" in caplog.text
     assert type(backend).__name__ == target_attention.BACKEND_CLASS
+    if env.get("SGLANG_DDTREE_TREE_ATTENTION") == "0":
+        assert backend.extend_attention_fwd is extend
 
 
 def test_prepare_leaves_shadow_linear_to_dflash() -> None:

@@ -119,10 +119,13 @@ def prepare(runner: Any, *, tree_mode: bool, n: int, tp_size: int, graphs_on: bo
     env = os.environ if env is None else env
     if not tree_mode:
         return False  # shadow-linear: DFLASH's causal block, its graphs as they are
-    try:
-        verdict = wrap_tree_kernel(runner, n, tp_size)
-    except Exception as exc:  # SGLang's kernel serves; the server starts as before
-        verdict = f"off ({type(exc).__name__}: {exc})"
+    if not _switch(env, "SGLANG_DDTREE_TREE_ATTENTION"):  # SGLang's kernel, not even wrapped
+        verdict = "off (SGLANG_DDTREE_TREE_ATTENTION=0)"
+    else:
+        try:
+            verdict = wrap_tree_kernel(runner, n, tp_size)
+        except Exception as exc:  # SGLang's kernel serves; the server starts as before
+            verdict = f"off ({type(exc).__name__}: {exc})"
     why: str | None
     if not graphs_on:
         why = "CUDA graphs are off"
