@@ -643,7 +643,7 @@ def bench(r: Rehearsal, order: tuple[str, ...] = ("ladder", "dummy"), *,
     sweep's results file, so the tool's resume measures only the cells that file lacks."""
     import signal
 
-    from rehearsal.servers import Server, hosts_file
+    from rehearsal.servers import Server, hosts_file, results_of
 
     m = WORK / "models"
     grid = REPO / "benchmarks" / "grids" / "h200-small.yaml"
@@ -695,10 +695,7 @@ def bench(r: Rehearsal, order: tuple[str, ...] = ("ladder", "dummy"), *,
             log.write("\n--- stdout ---\n" + (stdout or ""))
         entry: dict[str, Any] = {"exit": proc.returncode,
                                  "seconds": round(time.monotonic() - t0, 1), "argv": argv}
-        try:
-            entry["summary"] = json.loads(stdout) if stdout and stdout.strip() else None
-        except json.JSONDecodeError:
-            entry["summary"] = (stdout or "")[-1500:]
+        entry["summary"] = results_of(stdout or "") if stdout and stdout.strip() else None
         if results.is_file():
             try:
                 entry["results"] = json.loads(results.read_text())

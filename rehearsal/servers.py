@@ -137,7 +137,22 @@ def render(cli: Path, hosts: Path, name: str) -> dict:
                           "--json")
     if code != 0:
         raise RuntimeError(f"service render {name} exited {code}: {err.strip()[-2000:]}")
-    return json.loads(out)
+    return results_of(out, err)
+
+
+def results_of(out: str, err: str = "") -> dict:
+    """What a --json run of the tool said (docs/json.md): its results, or {"error": message}
+    when it failed or printed no document."""
+    try:
+        doc = json.loads(out) if out.strip() else None
+    except json.JSONDecodeError:
+        return {"error": out.strip()[-2000:]}
+    if not isinstance(doc, dict):
+        return {"error": err.strip()[-2000:] or "no JSON document on stdout"}
+    if doc.get("ok") is True and isinstance(doc.get("results"), dict):
+        return dict(doc["results"])
+    error = doc.get("error")
+    return {"error": error.get("message") if isinstance(error, dict) else str(error)}
 
 
 def start(server: Server, rendered: dict, log_dir: Path, base_env: Mapping[str, str]) -> Running:
@@ -168,8 +183,4 @@ def probe(cli: Path, hosts: Path, run: Running, deadline: float) -> tuple[int, d
         str(run.pid), "--log-file", str(run.log), "--deadline", str(deadline), "--json",
         timeout=deadline + 60,
     )  # fmt: skip
-    try:
-        verdict = json.loads(out) if out.strip() else {"error": err.strip()[-2000:]}
-    except json.JSONDecodeError:
-        verdict = {"error": out.strip()[-2000:]}
-    return code, verdict
+    return code, results_of(out, err)

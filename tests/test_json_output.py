@@ -440,3 +440,21 @@ def test_times_of_older_records_are_said_in_utc() -> None:
     assert utc_iso("yesterday") == "yesterday" and utc_iso(None) is None
     assert utc_iso("2026-12-03T16:04:05") == "2026-12-03T16:04:05"  # no offset: kept
     assert datetime.datetime.fromisoformat(utc_iso(0.0)).year == 1970
+
+
+def test_the_gpu_rehearsal_reads_the_document(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rehearsal/ runs the CLI with --json (service render, probe, bench) and reads results."""
+    from ddtree_deploy.cli import errdoc
+    from ddtree_deploy.errors import DeployError
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from rehearsal.servers import results_of
+
+    unit = {"unit": "[Unit]\n", "argv": ["python"], "environment": {}, "working_directory": "/"}
+    assert results_of(errdoc.dumps(errdoc.success(unit))) == unit
+    assert results_of(errdoc.dumps(errdoc.success({"status": "unhealthy"}, 1))) == {
+        "status": "unhealthy"}
+    assert results_of(errdoc.dumps(errdoc.of_error(DeployError("boom", hint="h"), 1))) == {
+        "error": "boom"}
+    assert results_of("", "ssh: connection refused") == {"error": "ssh: connection refused"}
+    assert results_of("not json") == {"error": "not json"}
