@@ -3,7 +3,8 @@
 On a terminal: a live status line per host (its step, the seconds it has run, the last
 line its command printed) with the lane copy's byte bars under it, redrawn in place; each
 step is said as a line when it begins and when it ends (`host: KIND TITLE done in 12.3s`).
-Elsewhere (a pipe, a log file): those lines only, plain: no bars, no control codes.
+Elsewhere (a pipe, a log file): those lines only, plain: no bars, no control codes; a step
+that runs on is said again every HEARTBEAT_S seconds with its command's last line.
 -v adds each command sent (`host: $ COMMAND (exit 0, 1.2s)`), -vv the lines it prints as
 they come (`host:   err| LINE`), whole but for lines cut at LINE_SHOWN characters. Secret
 values are masked by the transport before anything reaches this module.

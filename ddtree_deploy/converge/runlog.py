@@ -7,7 +7,8 @@ ISO-8601 UTC time `at`:
 - ``{"event": "start", "who", "host", "what", "hosts_file", "tool"}`` (what: the command and
   its hosts, saved plan and --yes)
 - ``{"event": "command", "command", "exit", "seconds"}``: every command the run sent the host
-  (its display form: secret values are `***`, as in the tool's own messages)
+  (its display form: secret values are `***`, as in the tool's own messages); what it ran
+  elsewhere is marked: `(workstation) pip download ...`, `(ct129) ...` (the lane copy's source)
 - ``{"event": "step", "kind", "title", "deployment", "seconds", "ok"}``
 - ``{"event": "end", "ok", "error", "seconds"}``
 
