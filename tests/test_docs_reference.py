@@ -141,3 +141,17 @@ def test_relative_links_of_the_docs_resolve() -> None:
             if target.startswith(("http://", "https://", "mailto:")):
                 continue
             assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_every_command_troubleshooting_gives_parses() -> None:
+    """Each `ddtree-deploy ...` in a fix is a command line the CLI accepts as it stands (the
+    real parser, as tests/test_remedies.py uses it; HOST, NAME and the like stay words)."""
+    import re
+
+    from test_remedies import parse
+
+    commands = re.findall(r"`(ddtree-deploy [^`]*)`", _page())
+    assert len(commands) > 40
+    for command in sorted(set(commands)):
+        filled = re.sub(r"\{(\w+)\}", lambda m: m.group(1).upper(), command)
+        parse(filled.replace(" ...", ""))
