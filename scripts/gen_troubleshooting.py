@@ -160,9 +160,9 @@ def troubleshooting() -> str:
     for text, code, cause, fix in ERRORS:
         out.append(f"\n### `{text}` (exit {code})\n\n{_one_line(cause)}\n\nFix: {_one_line(fix)}\n")
     out.append("\n## Doctor findings\n\n`ddtree-deploy doctor HOST` (with `--venv VENV` or "
-               "`--deployment NAME`) judges the facts of a host. An error finding makes doctor exit 1; a "
-               "warning or info does not. The message is the rule's, with `…` where it fills "
-               "in values.\n")
+               "`--deployment NAME`) judges the facts of a host. An error finding makes doctor "
+               "exit 1; a warning or info does not. The message is the rule's, with `…` where "
+               "it fills in values.\n")
     for check in doctor_checks():
         cause, fix = DOCTOR[check.id]
         message = "" if check.message == "…" else f"Message: `{_one_line(check.message)}`\n\n"
