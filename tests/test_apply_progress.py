@@ -381,3 +381,37 @@ def test_off_a_terminal_a_long_step_is_said_again_every_half_minute() -> None:
         "ct200: package.install sglang==0.5.9 running for 1m30s: Installed 1 package in 9ms",
         "ct200: package.install sglang==0.5.9 done in 1m30s",
     ]
+
+
+@pytest.mark.integration  # apply through the CLI, to a closed port on loopback
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_failed_hosts_message_never_shows_a_deployment_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_json: bool) -> None:
+    """A message may carry host text; the deployment's API key is *** in it. Here the key
+    is (as a made-up case) the very address the unreachable host's error names."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ddtree_deploy.cli.app import build_app
+    from ddtree_deploy.resources import embedded_hosts_file
+
+    (tmp_path / "key").write_text("127.0.0.1\n")
+    text = embedded_hosts_file().read_text()
+    text = text.replace("address: 10.77.200.2\n    port: 22\n",
+                        "address: 127.0.0.1\n    port: 1\n    connect_timeout: 5\n")
+    text = text.replace("    payload: true ", f"    bind: 127.0.0.1\n    api_key_file: "
+                                             f"{tmp_path / 'key'}\n    payload: true ")
+    (tmp_path / "hosts.yaml").write_text(text)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    args = ["--hosts", str(tmp_path / "hosts.yaml"), "apply", "ct200", "--yes",
+            *(("--json",) if as_json else ())]
+    result = CliRunner().invoke(build_app(args), args)
+    assert result.exit_code == 1, result.output
+    said = result.stdout
+    assert "127.0.0.1" not in said and "(***:1) unreachable" in said, said
+    if as_json:
+        (failed,) = json.loads(said)["results"]
+        assert "(***:1) unreachable" in failed["error"]["message"]
+    log = next((tmp_path / "state").rglob("*.jsonl")).read_text()
+    assert "127.0.0.1" not in log and "(***:1) unreachable" in log

@@ -109,17 +109,32 @@ def plan(
 
 
 
+def _secrets(config: Config, host: str) -> frozenset[str]:
+    from ddtree_deploy.converge.runner import secret_values
+
+    try:
+        return secret_values(config, config.host(host))
+    except DeployError:  # not a host of the file: nothing of it to mask
+        return frozenset()
+
+
 def _masked(config: Config, host: str, error: object) -> str:
     """An error's text with the host's deployment secrets as *** (host text in a message
     may carry them)."""
-    from ddtree_deploy.converge.runner import secret_values
     from ddtree_deploy.transport.command import mask_secrets
 
-    try:
-        secrets = secret_values(config, config.host(host))
-    except DeployError:  # not a host of the file: nothing of it to mask
-        secrets = frozenset()
-    return mask_secrets(str(error), secrets)
+    return mask_secrets(str(error), _secrets(config, host))
+
+
+def _failed(config: Config, host: str, error: Exception) -> dict[str, Any]:
+    """A failed host in apply's --json results, its message and hint masked as _masked."""
+    from ddtree_deploy.transport.command import mask_secrets
+
+    doc = host_failure(host, error)
+    secrets = _secrets(config, host)
+    doc["error"] = {k: mask_secrets(v, secrets) if isinstance(v, str) else v
+                    for k, v in doc["error"].items()}
+    return doc
 
 
 def can_ask() -> bool:
@@ -255,7 +270,7 @@ def apply(
     code = exit_code(outcomes)
     if as_json:
         print_results(out, [_applied(o.host, o.value) if o.ok and o.value is not None
-                            else host_failure(o.host, o.error or DeployError("failed"))
+                            else _failed(config, o.host, o.error or DeployError("failed"))
                             for o in outcomes], int(code))
         return
     for o in outcomes:
