@@ -44,9 +44,10 @@ from rehearsal import client
 PHASE = "perf-8b"
 ROUNDS, TOKENS, BATCHES = 5, 64, (1, 8, 32)
 PROFILE_STEPS = 16
-# Seconds a timing round leaves to what follows it (the profiles' 40, stopping the servers and the
-# rollback): measure starts no round that would eat into them.
-RESERVE_S = 60.0
+# Seconds a timing round leaves to what follows it (the profiles step needs 40 and took ~12-20 s
+# for 5 servers in call 3; then stopping the servers and the rollback, ~10 s): measure starts no
+# round that would eat into them.
+RESERVE_S = 45.0
 STACKED = "ddtree15-8b"  # profiled a second time with Python stacks
 # Host synchronisations a DDTREE round of the current payload may make: the one the scheduler
 # needs (the accepted tokens and path, read on the host), and one for what the profiler itself
