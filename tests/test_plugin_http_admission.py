@@ -38,19 +38,32 @@ from wheelcache import wheel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "payload" / "plugin"))
 sys.path.insert(0, str(ROOT / "payload"))
-# pure-Python wheels import from the file itself (zipimport): no install, no process
-sys.path.insert(0, str(wheel("starlette", "0.52.1")))
-sys.path.insert(0, str(wheel("fastapi", "0.140.13")))
-if "orjson" not in sys.modules:  # fastapi's ORJSONResponse needs it; not in this venv
-    _orjson = types.ModuleType("orjson")
-    _orjson.OPT_NON_STR_KEYS, _orjson.OPT_SERIALIZE_NUMPY = 1, 2  # type: ignore[attr-defined]
-    _orjson.dumps = lambda obj, option=None, default=None: json.dumps(obj).encode()  # type: ignore[attr-defined]
-    sys.modules["orjson"] = _orjson
 
 from ddtree_sglang import admission_hook, http_admission, releases  # noqa: E402
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
-from starlette.middleware.cors import CORSMiddleware  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def web() -> types.SimpleNamespace:
+    """fastapi and starlette from their wheels (pure Python: imported from the file itself, no
+    install, no process); orjson, which fastapi's ORJSONResponse needs, is not in this venv."""
+    for name, version in (("starlette", "0.52.1"), ("fastapi", "0.140.13")):
+        path = str(wheel(name, version))
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if "orjson" not in sys.modules:
+        orjson = types.ModuleType("orjson")
+        orjson.OPT_NON_STR_KEYS, orjson.OPT_SERIALIZE_NUMPY = 1, 2  # type: ignore[attr-defined]
+        orjson.dumps = lambda obj, option=None, default=None: json.dumps(obj).encode()  # type: ignore[attr-defined]
+        sys.modules["orjson"] = orjson
+    import fastapi
+    import fastapi.responses
+    import starlette.middleware.cors
+
+    return types.SimpleNamespace(FastAPI=fastapi.FastAPI,
+                                 JSONResponse=fastapi.responses.JSONResponse,
+                                 StreamingResponse=fastapi.responses.StreamingResponse,
+                                 CORSMiddleware=starlette.middleware.cors.CORSMiddleware)
+
 
 SUPPORTED = sorted(releases.SUPPORTED)
 REFUSED = [("frequency_penalty", {"sampling_params": {"frequency_penalty": 1.5}}),
@@ -91,12 +104,12 @@ def manager(algorithm: str) -> types.SimpleNamespace:
 
 # ---- /generate: the middleware in a real FastAPI app with SGLang's route shape -------------
 
-def sglang_shaped_app(request_cls: type, algorithm: str) -> FastAPI:
+def sglang_shaped_app(web: Any, request_cls: type, algorithm: str) -> Any:
     """/generate as SGLang 0.5.17-0.5.23 serve it (http_server.generate_request): a streamed
     request's tokenizer-manager call (with the plugin's BEFORE hook) runs inside the stream; a
     ValueError there is an SSE error event after HTTP 200, before it SGLang's 400 body."""
-    app = FastAPI()
-    app.add_middleware(CORSMiddleware, allow_origins=["*"])
+    app = web.FastAPI()
+    app.add_middleware(web.CORSMiddleware, allow_origins=["*"])
     check = admission_hook.make_hook("DDTREE")
     tm = manager(algorithm)
     names = {f.name for f in dataclasses.fields(request_cls)}
@@ -106,8 +119,7 @@ def sglang_shaped_app(request_cls: type, algorithm: str) -> FastAPI:
         for i in range(3):
             yield {"output_ids": list(range(i + 1)), "echo": obj.sampling_params}
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate_request(request: Request) -> Any:
+    async def generate_request(request: Any) -> Any:
         obj = request_cls(**{k: v for k, v in (await request.json()).items() if k in names})
         if obj.stream:
             async def stream_results() -> Any:
@@ -118,25 +130,26 @@ def sglang_shaped_app(request_cls: type, algorithm: str) -> FastAPI:
                     yield b"data: " + json.dumps({"error": {"message": str(e)}}).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
 
-            return StreamingResponse(stream_results(), media_type="text/event-stream")
+            return web.StreamingResponse(stream_results(), media_type="text/event-stream")
         try:
-            return JSONResponse(await tokens(obj).__anext__())
+            return web.JSONResponse(await tokens(obj).__anext__())
         except ValueError as e:
-            return JSONResponse({"error": {"message": str(e)}}, status_code=400)
+            return web.JSONResponse({"error": {"message": str(e)}}, status_code=400)
 
+    app.add_route("/generate", generate_request, methods=["POST", "PUT"])
     return app
 
 
 @pytest.fixture()
-def http_process(monkeypatch: pytest.MonkeyPatch) -> Any:
+def http_process(web: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """This process as SGLang's HTTP process: its http_server module (with ``app``) loaded;
     the serving hooks' part is the /v1 tests' (here: recorded, not applied)."""
     applied: list[str] = []
     monkeypatch.setattr(http_admission, "hook_serving", applied.append)
 
-    def start(release: str, algorithm: str = "DDTREE") -> tuple[FastAPI, list[str]]:
+    def start(release: str, algorithm: str = "DDTREE") -> tuple[Any, list[str]]:
         cls = real_request_class(release)
-        app = sglang_shaped_app(cls, algorithm)
+        app = sglang_shaped_app(web, cls, algorithm)
         http = types.ModuleType(http_admission.HTTP_MODULE)
         http.app = app  # type: ignore[attr-defined]
         io_struct = types.ModuleType("sglang.srt.managers.io_struct")
@@ -153,7 +166,7 @@ def http_process(monkeypatch: pytest.MonkeyPatch) -> Any:
     return start
 
 
-def post(app: FastAPI, body: dict[str, Any], path: str = "/generate") -> httpx.Response:
+def post(app: Any, body: dict[str, Any], path: str = "/generate") -> httpx.Response:
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://sglang") as client:
@@ -175,9 +188,9 @@ def test_a_streamed_generate_request_ddtree_refuses_is_a_400_before_the_stream(
     assert applied == ["DDTREE"]  # and the /v1 hooks were asked for
 
 
-def test_without_the_middleware_the_stream_starts_and_carries_the_refusal() -> None:
+def test_without_the_middleware_the_stream_starts_and_carries_the_refusal(web: Any) -> None:
     """The H200 finding (0.5.17, session 7): HTTP 200, then ``data: {"error": ...}``."""
-    got = post(sglang_shaped_app(real_request_class("0.5.17"), "DDTREE"),
+    got = post(sglang_shaped_app(web, real_request_class("0.5.17"), "DDTREE"),
                {"input_ids": [1], "stream": True, **REFUSED[0][1]})
     assert got.status_code == 200
     assert got.text.startswith('data: {"error": {"message": "DDTREE speculative decoding '
@@ -201,7 +214,7 @@ def test_neutral_streams_and_plain_requests_pass_through_unchanged(http_process:
     assert asyncio.run(_raw(app, b"{not json")) == 500
 
 
-async def _raw(app: FastAPI, data: bytes) -> int:
+async def _raw(app: Any, data: bytes) -> int:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://sglang") as client:
         got = await client.post("/generate", content=data,
@@ -217,10 +230,10 @@ def test_other_algorithms_get_no_middleware_and_stream_as_before(http_process: A
     assert got.status_code == 200  # DFLASH serves penalties (issue 25's anchor finding)
 
 
-def test_the_middleware_is_innermost_and_installed_once(http_process: Any) -> None:
+def test_the_middleware_is_innermost_and_installed_once(web: Any, http_process: Any) -> None:
     app, _ = http_process("0.5.23")
     admission_hook.make_init_hook("DDTREE")(None, manager("DDTREE"))  # a second manager
-    app.add_middleware(CORSMiddleware, allow_origins=["*"])  # SGLang adds more (API key) later
+    app.add_middleware(web.CORSMiddleware, allow_origins=["*"])  # SGLang adds more (API key) later
     assert [m.cls for m in app.user_middleware][-1] is http_admission.StreamAdmission
     assert sum(m.cls is http_admission.StreamAdmission for m in app.user_middleware) == 1
     got = post(app, {"text": "hi", "stream": True, **REFUSED[0][1]})
@@ -298,7 +311,7 @@ def _load(name: str, text: str, monkeypatch: pytest.MonkeyPatch) -> types.Module
 
 
 @pytest.fixture(params=SUPPORTED)
-def serving(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Per release: its real hook_registry and serving_base; the two serving classes as the
     targets the plugin hooks (their conversion's shape is read from the release's files)."""
     release = request.param
