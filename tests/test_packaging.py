@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_lab import provision
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,7 +63,8 @@ def test_tool_wheel_holds_no_lab_code(wheel: Path) -> None:
 def test_lab_wheel_holds_the_lab_and_its_command(lab_wheel: Path) -> None:
     z = zipfile.ZipFile(lab_wheel)
     names = z.namelist()
-    for part in ("cli.py", "manager.py", "standin/nvidia_smi.py", "standin/csrc/libnvml.c",
+    for part in ("cli.py", "manager.py", *(f"standin/{m}" for m in provision.SMI_MODULES),
+                 "standin/csrc/libnvml.c",
                  "standin/csrc/libcuda.c", "standin_server/ddtree_lab_standin.pth",
                  "standin_server/ddtree_lab_standin/launch_server.py"):
         assert f"ddtree_lab/{part}" in names

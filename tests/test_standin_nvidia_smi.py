@@ -20,8 +20,11 @@ from typing import Any
 
 import pytest
 
+from ddtree_lab import provision
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "lab" / "ddtree_lab" / "standin" / "nvidia_smi.py"
+STANDIN = ROOT / "lab" / "ddtree_lab" / "standin"
+SCRIPT = STANDIN / "nvidia_smi.py"
 FACTS = Path(__file__).resolve().parent / "facts" / "nvidia_smi"
 UUID_BUSY = "GPU-683f45df-28e7-86c0-004d-046e140e4ce4"  # the GPU of the 15-field and busy captures
 UUID_IDLE = "GPU-a30cf273-2275-f5b6-a170-a20cf93ed3f8"  # the GPU of query-gpu.csv and the XML
@@ -85,8 +88,8 @@ class Lab:
 
 
 def load_module() -> ModuleType:
-    """Import the script by path, as the lab's server does (not registered in sys.modules)."""
-    spec = importlib.util.spec_from_file_location("nvidia_smi_standin", SCRIPT)
+    """Import the stand-in's claims part by path (not registered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("smi_claims_standin", STANDIN / "smi_claims.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -108,20 +111,59 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_script_is_a_standalone_python3_script() -> None:
-    text = SCRIPT.read_text()
-    assert text.startswith("#!/usr/bin/python3\n")
-    imports = {m.group(1).split(".")[0] for m in re.finditer(r"^(?:import|from) (\S+)", text, re.M)}
-    assert imports <= set(sys.stdlib_module_names)
-    assert "stand-in" in (load_module().__doc__ or "")
+    assert SCRIPT.read_text().startswith("#!/usr/bin/python3\n")
+    parts = {name.removesuffix(".py") for name in provision.SMI_MODULES}
+    for name in provision.SMI_MODULES:  # stdlib and its own parts only, from its own folder
+        text = (STANDIN / name).read_text()
+        found = {m.group(1).lstrip(".").split(".")[0]
+                 for m in re.finditer(r"^\s*(?:import|from) (\S+)", text, re.M)}
+        assert found <= set(sys.stdlib_module_names) | parts, name
+        assert "stand-in" in text.split('"""')[1], name
 
 
 def test_import_does_no_work(tmp_path: Path) -> None:
-    code = f"import importlib.util as u; s = u.spec_from_file_location('m', {str(SCRIPT)!r}); " \
-           "m = u.module_from_spec(s); s.loader.exec_module(m); print(callable(m.main))"
-    env = {**os.environ, "DDTREE_LAB_GPU_SPEC": str(tmp_path / "absent.json")}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=30, check=False)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "True\n", "")
+    """Imported as the launcher imports it (its folder on sys.path) and as a package module."""
+    env = {**os.environ, "DDTREE_LAB_GPU_SPEC": str(tmp_path / "absent.json"),
+           "DDTREE_LAB_GPU_CLAIMS": str(tmp_path / "claims")}
+    for code in (f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import nvidia_smi as m; "
+                 "print(callable(m.main), callable(m.write_claim))",
+                 "from ddtree_lab.standin import nvidia_smi as m; "
+                 "print(callable(m.main), callable(m.write_claim))"):
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "True True\n", "")
+    assert not (tmp_path / "claims").exists()
+
+
+def test_the_labs_files_run_as_the_script_does(lab: Lab, tmp_path: Path,
+                                              sleeper: subprocess.Popen[bytes]) -> None:
+    """What provision installs in a container (the modules and the launcher) is the whole
+    stand-in: run from a folder holding only those files, it prints what the script prints."""
+    root = tmp_path / "root"
+    files = provision.smi_files()
+    assert {path for path, _, _ in files} == {
+        *(f"{provision.SMI_LIB}/{name}" for name in provision.SMI_MODULES), "/usr/bin/nvidia-smi"}
+    for path, content, mode in files:
+        dest = root / path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(content.replace(provision.SMI_LIB.encode(),
+                                         str(root / provision.SMI_LIB.lstrip("/")).encode()))
+        dest.chmod(mode)
+    assert len(list((root / provision.SMI_LIB.lstrip("/")).iterdir())) == len(provision.SMI_MODULES)
+    lab.write(ct129())
+    load_module().write_claim(0, 6242, "python3", claims_dir=str(lab.claims), pid=sleeper.pid)
+    for args in ([], ["-L"], ["-q", "-x"], ["--query-gpu=index,memory.used", "--format=csv"],
+                 ["--query-compute-apps=pid,used_memory", "--format=csv"], ["-r", "-i", "1"],
+                 ["--bogus"]):
+        launched = subprocess.run([sys.executable, "-S", str(root / "usr/bin/nvidia-smi"), *args],
+                                  env=lab.env(), capture_output=True, text=True, timeout=30,
+                                  check=False)
+        script = lab.run(*args)
+        assert launched.returncode == script.returncode, args
+        assert launched.stderr == script.stderr == "", args
+        strip = re.compile(r"^.*\d\d:\d\d:\d\d \d{4}.*$", re.M)  # the date lines
+        assert strip.sub("", launched.stdout) == strip.sub("", script.stdout), args
+        assert launched.stdout.count("\n") == script.stdout.count("\n") > 0, args
 
 
 def test_idle_table_reproduces_the_real_capture(lab: Lab) -> None:

@@ -53,16 +53,26 @@ from nvidia_smi import main
 sys.exit(main())
 """
 
+# The nvidia-smi stand-in: the command line and the parts it imports (from its own folder).
+SMI_MODULES = ("nvidia_smi.py", "smi_claims.py", "smi_query.py", "smi_report.py", "smi_state.py")
+SMI_LIB = "/usr/lib/ddtree-lab"
+
 SSHD_CONF = b"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUseDNS no\n"
+
+
+def smi_files() -> list[FileSpec]:
+    """The nvidia-smi stand-in's modules in SMI_LIB and the launcher that runs them."""
+    # The stand-in is a module behind a small launcher, so its bytecode is cached after the
+    # first call (a script run directly is compiled every time): the real nvidia-smi is a
+    # native program. The probe asks NVML (the libnvidia-ml stand-in) first.
+    files: list[FileSpec] = [(f"{SMI_LIB}/{name}", (STANDIN_DIR / name).read_bytes(), 0o644)
+                             for name in SMI_MODULES]
+    return [*files, ("/usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)]
 
 
 def layer_files(host: LabHost, work: Path) -> list[FileSpec]:
     files: list[FileSpec] = [
-        # The stand-in is a module behind a small launcher, so its bytecode is cached after
-        # the first call (a script run directly is compiled every time): the real nvidia-smi
-        # is a native program. The probe asks NVML (the libnvidia-ml stand-in below) first.
-        ("/usr/lib/ddtree-lab/nvidia_smi.py", (STANDIN_DIR / "nvidia_smi.py").read_bytes(), 0o644),
-        ("/usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755),
+        *smi_files(),
         ("/etc/ssh/sshd_config.d/ddtree-lab.conf", SSHD_CONF, 0o644),
     ]
     major, minor = (int(x) for x in CUDA_VERSION.split("."))  # what the GPU spec says
