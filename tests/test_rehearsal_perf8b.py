@@ -70,11 +70,14 @@ def test_on_the_plugin_form_the_ab_is_the_plugins_own_switches(
         dep = replace(got[name], sglang="0.5.17").deployment("torch")
         assert dep["sglang"] == {"version": "0.5.17"} and dep["ddtree"]["budget"] == 15
         assert dep["environment"]["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
-    # the final call's server list: request-params and perf-8b on 0.5.17, checked as run.py does
-    only = ("rp-nospec,rp-dflash,rp-ddtree15,rp-ddtree31-nograph,nospec-8b,dflash-8b,"
-            "ddtree15-8b,ddtree31-8b,ddtree15-8b-prev")
-    ns = argparse.Namespace(phase="request-params,perf-8b", budget=470, warm=0, only=only,
-                            rounds=3, bench_runs="ladder,dummy", no_prewarm=False, sglang="0.5.17")
+    # session 7's final device call (0.5.17: perf-8b, request-params, the alarm design), as
+    # run.py checks it
+    only = ("rp-nospec,rp-ddtree15,rp-ddtree31-nograph,rp-ddtree15-topkfault,"
+            "rp-ddtree15-penaltyfault,ddtree15-alarm,nospec-8b,dflash-8b,ddtree15-8b,ddtree31-8b,"
+            "ddtree15-8b-prev")
+    ns = argparse.Namespace(phase="correctness,request-params,perf-8b", budget=455, warm=0,
+                            only=only, rounds=3, bench_runs="ladder,dummy", no_prewarm=False,
+                            sglang="0.5.17")
     assert run.check_args(ns) is None
     assert "no such server" in str(run.check_args(argparse.Namespace(
         **{**vars(ns), "only": "ddtree15-8b-prev", "sglang": "0.5.11"})))
