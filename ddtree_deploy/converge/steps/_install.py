@@ -22,11 +22,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy import xdg
-from ddtree_deploy.converge.steps._install_uv import ensure_uv, remote_home
+from ddtree_deploy.converge.steps._install_uv import ensure_uv, here, remote_home
 from ddtree_deploy.errors import CommandTimeout, ConfigError, DeployError, RemoteCommandError
 from ddtree_deploy.transport import Command, ExecTransport
 from ddtree_deploy.transport.command import mask_secrets
-from ddtree_deploy.transport.local import LocalTransport
 
 __all__ = [
     "Requirement",
@@ -136,16 +135,6 @@ def _save_manifest(folder: Path, data: dict[str, list[str]]) -> None:
     from ddtree_deploy.atomicfile import replace_file
 
     replace_file(folder / MANIFEST, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-
-
-def here(beside: ExecTransport | None) -> LocalTransport:
-    """The workstation as a transport, for what a step runs here (pip download): its commands
-    are told to `beside`'s observers and listeners marked "(workstation)", with the same
-    values masked."""
-    local = LocalTransport("workstation")
-    if beside is not None:
-        local.tell_as(beside, "workstation")
-    return local
 
 
 def _pip_download(req: Requirement, folder: Path, version: str, plats: list[str],

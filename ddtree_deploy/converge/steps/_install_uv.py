@@ -9,14 +9,15 @@ still names the pinned version.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 from ddtree_deploy import xdg
-from ddtree_deploy.errors import DeployError, RemoteCommandError
+from ddtree_deploy.errors import CommandTimeout, DeployError, RemoteCommandError
 from ddtree_deploy.transport import Command, ExecTransport
+from ddtree_deploy.transport.command import mask_secrets
+from ddtree_deploy.transport.local import LocalTransport
 
 UV_VERSION = "0.13.9"  # the uv the workstation uses; pushed to hosts that have none
 UV_PLATFORM = "manylinux_2_17_x86_64"
@@ -44,8 +45,20 @@ def uv_version(t: ExecTransport, uv: str, *, sudo: bool) -> str | None:
     return m.group(1) if m else None
 
 
-def uv_binary(version: str = UV_VERSION, *, cache: Path | None = None) -> Path:
-    """The uv binary of the manylinux x86_64 wheel, downloaded and extracted once."""
+def here(beside: ExecTransport | None) -> LocalTransport:
+    """The workstation as a transport, for what a step runs here (pip download): its commands
+    are told to `beside`'s observers and listeners marked "(workstation)", with the same
+    values masked."""
+    local = LocalTransport("workstation")
+    if beside is not None:
+        local.tell_as(beside, "workstation")
+    return local
+
+
+def uv_binary(version: str = UV_VERSION, *, cache: Path | None = None,
+              beside: ExecTransport | None = None) -> Path:
+    """The uv binary of the manylinux x86_64 wheel, downloaded and extracted once (pip's
+    command and lines told as `beside`'s are: see `here`)."""
     folder = (cache if cache is not None else xdg.cache_dir()) / "uv"
     binary = folder / version / "uv"
     if binary.is_file():
@@ -53,18 +66,20 @@ def uv_binary(version: str = UV_VERSION, *, cache: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     wheels = sorted(folder.glob(f"uv-{version}-*.whl"))
     if not wheels:
-        argv = [sys.executable, "-m", "pip", "download", f"uv=={version}", "--only-binary=:all:",
+        argv = (sys.executable, "-m", "pip", "download", f"uv=={version}", "--only-binary=:all:",
                 "--platform", UV_PLATFORM, "--no-deps", "--dest", str(folder),
-                "--progress-bar", "off", "--disable-pip-version-check"]
+                "--progress-bar", "off", "--disable-pip-version-check")
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-        except subprocess.TimeoutExpired:
+            proc = here(beside).run(Command(argv), timeout=600)
+        except CommandTimeout:
             raise DeployError(f"pip download uv=={version} took over 600s") from None
         wheels = sorted(folder.glob(f"uv-{version}-*.whl"))
-        if proc.returncode != 0 or not wheels:
-            tail = "\n".join("  | " + ln for ln in proc.stderr.strip().splitlines()[-8:])
+        if not proc.ok or not wheels:
+            tail = "\n".join("  | " + ln for ln in mask_secrets(proc.stderr, proc.secrets)
+                             .strip().splitlines()[-8:])
             raise DeployError(f"could not download the uv {version} wheel:\n{tail}",
-                              hint=f"put uv-{version}-py3-none-{UV_PLATFORM}*.whl into {folder}")
+                              hint=f"put uv-{version}-py3-none-{UV_PLATFORM}*.whl into {folder}",
+                              output=proc.error_output())
     _extract(wheels[0], binary)
     return binary
 
@@ -108,7 +123,7 @@ def ensure_uv(
     if machine != "x86_64":
         raise DeployError(f"{t.host}: no uv there, and the shipped uv is for x86_64, not "
                           f"{machine}", hint="install uv on the host (it is on PyPI as 'uv')")
-    binary = uv_binary(version, cache=cache)
+    binary = uv_binary(version, cache=cache, beside=t)
     t.run(Command.of("mkdir", "-p", "--", target.rsplit("/", 1)[0])).check()
     with binary.open("rb") as src:
         t.put_stream(src, target, mode=0o755)
