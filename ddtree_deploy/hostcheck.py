@@ -97,5 +97,6 @@ def check_host(config: Config, spec: HostSpec) -> HostCheck:
         result = transport.run(Command.shell(SCRIPT, *venvs), timeout=spec.command_timeout)
     if not result.ok:
         raise RemoteCommandError(f"{spec.name}: the check script failed ({result.exit_code}): "
-                                 f"{result.stderr.strip()[-300:]}")
+                                 f"{result.stderr.strip()[-300:]}",
+                                 output=result.error_output())
     return parse(spec.name, result.stdout)

@@ -29,6 +29,7 @@ from ddtree_deploy.payload.lock import VenvLock
 from ddtree_deploy.payload.state import PayloadState, call, python_of
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
+from ddtree_deploy.transport.command import mask_secrets
 
 GROUP = "sglang.srt.plugins"
 Installer = Literal["auto", "uv", "pip"]
@@ -119,8 +120,10 @@ def _installer(t: ExecTransport, venv: str, want: Installer, find_uv: FindUv | N
 def _run(t: ExecTransport, argv: list[str], what: str) -> None:
     r = t.run(Command.of(*argv), timeout=600)
     if not r.ok:
-        tail = "; ".join((r.stderr or r.stdout).strip().splitlines()[-4:])[-600:]
-        raise RemoteCommandError(f"{t.host}: {what} failed (exit {r.exit_code}): {tail}")
+        tail = "; ".join(mask_secrets(r.stderr or r.stdout, r.secrets).strip()
+                         .splitlines()[-4:])[-600:]
+        raise RemoteCommandError(f"{t.host}: {what} failed (exit {r.exit_code}): {tail}",
+                                 output=r.error_output())  # whole: apply -vv, --debug
 
 
 def install(t: ExecTransport, venv: str, wheel: Wheel, lock: VenvLock, sglang: str,

@@ -54,7 +54,8 @@ def _systemctl(t: ExecTransport, *args: str, check: bool = True) -> Result:
     r = t.run(Command.of("systemctl", *args, sudo=True), timeout=90)
     if check and not r.ok:
         raise RemoteCommandError(f"{t.host}: systemctl {' '.join(args)} failed: "
-                                 f"{(r.stderr or r.stdout).strip()[-500:]}")
+                                 f"{(r.stderr or r.stdout).strip()[-500:]}",
+                                 output=r.error_output())
     return r
 
 
@@ -154,7 +155,8 @@ def list_units(t: ExecTransport) -> list[UnitState]:
     r = t.run(Command.shell(LIST_SCRIPT, UNIT_DIR, MANAGED_KEY), timeout=60)
     if r.exit_code == 3:
         raise RemoteCommandError(f"{t.host}: systemctl does not answer, so the services cannot "
-                                 f"be listed: {(r.stderr or r.stdout).strip()[-500:]}")
+                                 f"be listed: {(r.stderr or r.stdout).strip()[-500:]}",
+                                 output=r.error_output())
     r.check()
     return parse_list(r.stdout)
 
