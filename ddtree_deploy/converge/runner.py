@@ -185,8 +185,9 @@ def apply_host(config: Config, name: str, *, expected_fingerprint: str | None = 
     still pending in the round after it ran fails the run. Then each service's health probe.
     `on_plan` sees the first round's steps (made under the lock, so they are the ones that
     run); `watch` each step begin and end. `log` records every command sent on the work
-    connection and every step; `observers` are also told of each command (-v), `listeners`
-    of each line of its output as it comes; the deployments' secrets are masked in all."""
+    connection (and on those the lane copy and pip on the workstation open for it, marked)
+    and every step; `observers` are also told of each command (-v), `listeners` of each line
+    of its output as it comes; the deployments' secrets are masked in all."""
     from ddtree_deploy.converge.lock import HostLock  # apply only: plan stays light
 
     host = config.host(name)
@@ -249,7 +250,7 @@ def _converge(config: Config, host: HostSpec, t: ExecTransport, lock: HostLock, 
                 if not isinstance(exc, DeployError):
                     raise
                 raise DeployError(f"{name}: step '{step.kind}: {step.title}' failed: "
-                                  f"{exc.message}", hint=exc.hint) from exc
+                                  f"{exc.message}", hint=exc.hint, output=exc.output) from exc
             seconds = time.monotonic() - started
             run.record(step, seconds, ok=True)
             watch.ended(name, step, seconds, ok=True)
