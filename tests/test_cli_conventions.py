@@ -394,3 +394,30 @@ def test_debug_adds_the_traceback_and_not_otherwise(capsys: pytest.CaptureFixtur
 def test_shell_completion_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "-h")
     assert code == 0 and "--install-completion" in out and "--show-completion" in out
+
+
+def test_an_argument_with_its_own_metavar_has_no_braces_either() -> None:
+    """A command (a plugin's) may name its argument: the name is kept, typer's braces and
+    type are not."""
+    import typer
+    from typer import _click as click
+
+    from ddtree_deploy.cli.helptext import prepare
+
+    app = typer.Typer()
+
+    @app.command()
+    def show(path: str = typer.Argument(..., metavar="FILE", help="a file"),
+             more: list[str] = typer.Argument(None, help="more")) -> None:
+        """Show it."""
+
+    command = typer.main.get_command(app)
+    prepare(command)
+    with click.Context(command) as ctx:
+        usage = " ".join(command.collect_usage_pieces(ctx))
+        assert usage == "[OPTIONS] FILE [MORE]...", usage
+        assert all(p.display_type_rich(ctx) is None for p in command.params
+                   if p.param_type_name == "argument")
+    prepare(command)  # twice (docs and tests build the tree again): the same
+    with click.Context(command) as ctx:
+        assert " ".join(command.collect_usage_pieces(ctx)) == "[OPTIONS] FILE [MORE]..."

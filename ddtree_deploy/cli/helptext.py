@@ -60,10 +60,12 @@ LISTS = {"--configs": "CONFIG,...", "--concurrency": "N,...", "--sampling": "MOD
 
 
 def _argument(param: Any) -> None:
-    """HOST, [NAME] and [HOSTS]... in the usage line; the name alone in the arguments panel."""
-    name = (param.name or "value").upper()
-    param.metavar = name + ("..." if param.nargs != 1 else "")
-    usage = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+    """HOST, [NAME] and [HOSTS]... in the usage line; the name alone in the arguments panel
+    (a metavar given by the command is kept as the name)."""
+    more = "..." if param.nargs != 1 else ""
+    name = (param.metavar or (param.name or "value").upper()).removesuffix("...")
+    param.metavar = name + more
+    usage = (name if param.required else f"[{name}]") + more
     param._usage_display_name = lambda: usage  # typer: {NAME} for a required one
     param.display_type_rich = lambda ctx: None  # typer: <str>, <list[str]>
 
@@ -80,8 +82,7 @@ def label_params(command: Any) -> None:
         if not getattr(param, "help", None) and param.name in COMMON_HELP:
             param.help = COMMON_HELP[param.name]
         if param.param_type_name == "argument":
-            if param.metavar is None or not hasattr(param, "_usage_display_name"):
-                _argument(param)
+            _argument(param)
             continue
         _spaced_default(param)
         if param.metavar is not None:
