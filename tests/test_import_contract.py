@@ -33,7 +33,8 @@ LAB = "ddtree_lab"
 LAYERS: dict[str, tuple[str, ...]] = {
     "errors": ("ddtree_deploy.errors",),
     "base": ("=ddtree_deploy", "ddtree_deploy.xdg", "ddtree_deploy.resources",
-             "ddtree_deploy.localproc", "ddtree_deploy.atomicfile", "ddtree_deploy.version"),
+             "ddtree_deploy.localproc", "ddtree_deploy.atomicfile", "ddtree_deploy.version",
+             "ddtree_deploy.isotime"),
     "transport": ("ddtree_deploy.transport",),
     # how a server is started: one model below config, service, rules and bench
     "settings": ("ddtree_deploy.settings",),
