@@ -283,21 +283,31 @@ def test_check_answers_for_the_release(sites: dict[str, Path], version: str) -> 
                                   "no_ps")
 
 
-LOAD = FAKES + r'''
+LOAD = FAKES + r"""
 import io, json, logging
-site, with_hooks = sys.argv[1], sys.argv[2] == "1"
+site, mode = sys.argv[1], sys.argv[2]
 sys.path.insert(0, site)
 log = io.StringIO()
 logging.basicConfig(stream=log, level=logging.INFO)
 load("sglang.srt.speculative.spec_registry", f"{site}/sglang/srt/speculative/spec_registry.py")
 info = load("sglang.srt.speculative.spec_info",
             f"{site}/sglang/srt/speculative/spec_info.py")
-if with_hooks:  # the real hook registry (stdlib only), loaded by file
+if mode != "no-registry":  # the real hook registry (stdlib only), loaded by file
     package("sglang.srt.plugins")
     hooks = load("sglang.srt.plugins.hook_registry",
                  f"{site}/sglang/srt/plugins/hook_registry.py")
+if mode == "applied":  # the hooks' target, as load_plugins finds it in SGLang's processes
+    package("sglang.srt.managers")
+    tm = types.ModuleType("sglang.srt.managers.tokenizer_manager")
+    class TokenizerManager:
+        def __init__(self, server_args): self.server_args = server_args
+        async def generate_request(self, obj, request=None): yield obj
+    tm.TokenizerManager = TokenizerManager
+    sys.modules[tm.__name__] = tm
 from ddtree_sglang import plugin
 plugin.load()
+if mode != "no-registry":
+    hooks.HookRegistry.apply_hooks()  # what load_plugins does after the plugins' load()
 algo = info.SpeculativeAlgorithm.from_string("DDTREE")
 out = {"class": type(algo).__name__, "log": log.getvalue()}
 try:
@@ -305,27 +315,34 @@ try:
     out["validate"] = "ok"
 except ValueError as exc:
     out["validate"] = str(exc)
-if with_hooks:
-    target = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
-    out["hooks"] = len(hooks.HookRegistry._hooks.get(target, []))
+if mode != "no-registry":
+    prefix = "sglang.srt.managers.tokenizer_manager.TokenizerManager."
+    out["hooks"] = [len(hooks.HookRegistry._hooks.get(prefix + m, []))
+                    for m in ("generate_request", "__init__")]
 print(json.dumps(out))
-'''
+"""
 
 
-@pytest.mark.parametrize("with_hooks", [True, False])
+@pytest.mark.parametrize("mode", ["applied", "unapplied", "no-registry"])
 def test_ddtree_is_refused_at_start_when_its_admission_cannot_be_installed(
-        sites: dict[str, Path], with_hooks: bool) -> None:
-    # Without the admission hook a request DDTREE would serve differently (a penalty, logprobs)
-    # would be served: the plugin registers DDTREE only to refuse it (fail closed).
+        sites: dict[str, Path], mode: str) -> None:
+    # Without the admission hooks a request DDTREE would serve differently (a penalty, logprobs)
+    # would be served: the plugin registers DDTREE only to refuse it (fail closed), and refuses
+    # it when SGLang could not apply them (SGLang only logs that).
     version = SUPPORTED[-1]
-    proc = subprocess.run([sys.executable, "-c", LOAD, str(sites[version]),
-                           "1" if with_hooks else "0"],
+    proc = subprocess.run([sys.executable, "-c", LOAD, str(sites[version]), mode],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    if with_hooks:
+    if mode == "applied":
         assert got["class"] == "DDTreeSpec" and got["validate"] == "ok", got
-        assert got["hooks"] == 1
+        assert got["hooks"] == [1, 1]
+    elif mode == "unapplied":
+        assert got["class"] == "DDTreeSpec" and got["hooks"] == [1, 1], got
+        assert got["validate"].startswith(
+            "DDTREE refused: SGLang did not apply its request admission hooks to "
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request, "
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__"), got
     else:
         assert got["class"] == "CustomSpecAlgo", got
         assert "request admission cannot be installed" in got["validate"], got

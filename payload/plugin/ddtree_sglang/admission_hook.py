@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from typing import Any
 
 logger = logging.getLogger("ddtree_sglang")
@@ -90,6 +91,24 @@ def unready() -> str | None:
                 "DDTREE would serve differently from plain decoding would not be refused; "
                 "reinstall ddtree-sglang-plugin")
     return None
+
+
+def unapplied(name: str) -> str | None:
+    """Why the admission hooks are not in place in this process, or None. SGLang applies the
+    hooks (``load_plugins``) before it parses the server args, where DDTREE's check calls this;
+    a target it could not patch is only logged by SGLang, and DDTREE would then serve requests
+    it must refuse. None as well where SGLang's hook registry is not loaded in this process
+    (nothing applies hooks here; ``unready`` covers a registry that cannot be imported)."""
+    registry = sys.modules.get("sglang.srt.plugins.hook_registry")
+    patched = getattr(getattr(registry, "HookRegistry", None), "_patched", None)
+    if not isinstance(patched, set):
+        return None
+    missing = [t for t in (TARGET, INIT_TARGET) if t not in patched]
+    if not missing:
+        return None
+    return (f"{name} refused: SGLang did not apply its request admission hooks to "
+            f"{', '.join(missing)} (see the log's 'Failed to apply hooks'); requests {name} "
+            "would serve differently from plain decoding would not be refused")
 
 
 def install(name: str) -> bool:

@@ -80,6 +80,11 @@ def register(version: str, algorithm_cls: type, registry: Any,
                 f"{name} needs --tokenizer-worker-num 1 (got {workers}): SGLang's extra HTTP "
                 "worker processes load no plugin, so DDTREE's request admission would not run "
                 "there")
+        from ddtree_sglang.admission_hook import unapplied
+
+        missing = unapplied(name)  # SGLang applied the hooks before parsing the server args
+        if missing is not None:
+            raise ValueError(missing)
 
     algorithm_cls.register(name, supports_overlap=False, validate_server_args=validate,
                            spec_class=spec_class)(worker_factory)
