@@ -79,6 +79,7 @@ def profile_table(profiles: Mapping[str, Any]) -> str:
 def render(doc: Mapping[str, Any], label: str) -> str:
     p = doc.get("perf8b") or {}
     done = [b.get("rounds_done") for t in (p.get("timings") or {}).values()
+            if isinstance(t, Mapping) and not t.get("failed")
             for b in t.values() if isinstance(b, Mapping) and "rounds_done" in b]
     rounds = p.get("rounds", "?")
     if done and min(done) != rounds:  # measure stopped early: the call's time ran short
@@ -95,6 +96,10 @@ def render(doc: Mapping[str, Any], label: str) -> str:
     for name, what in PLUGIN_AB.items():
         if name in names:
             parts.append(f"`{name}`: {what}")
+    for name, t in (p.get("timings") or {}).items():
+        if isinstance(t, Mapping) and t.get("failed"):
+            parts.append(f"`{name}`: stopped answering, not measured further "
+                         f"({'; '.join(str(e) for e in t['failed'])[:200]})")
     parts.append(timing_table(p.get("timings") or {}))
     parts.append(profile_table(p.get("profiles") or {}))
     syncs = p.get("syncs") or {}

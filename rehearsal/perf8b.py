@@ -191,26 +191,44 @@ def measure(live: Sequence[tuple[str, int]], pids: Mapping[str, int], *, rounds:
     """``live``: (name, port). Per server and batch the runs and their medians (see module).
 
     ``time_left``: the call's seconds left; a round is not started when less than the last
-    round took plus ``reserve`` is left (each entry says how many rounds it has)."""
+    round took plus ``reserve`` is left (each entry says how many rounds it has). A server whose
+    batch answers no token at all (it died or hangs) is not asked again (``failed``): one such
+    server costs one timeout, not one a batch and round."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {n: {b: [] for b in batches}
                                                         for n, _ in live}
+    failed: dict[str, list[str]] = {}
+
+    def ask(name: str, port: int, n_tokens: int, b: int) -> dict[str, Any] | None:
+        if name in failed:
+            return None
+        got = one(port, n_tokens, b, timeout)
+        if got["errors"] and not got["tok_s"]:
+            failed[name] = got["errors"]
+        return got
+
     for name, port in live:  # warm-up, every batch size (graphs of each, first-use kernels)
         with others_stopped(pids, name):
             for b in batches:
-                one(port, 16, b, timeout)
+                ask(name, port, 16, b)
     took = 0.0
     for i in range(rounds):
         before = time_left() if time_left is not None else 0.0
         if time_left is not None and i > 0 and before < took + reserve:
             break
         for name, port in (live if i % 2 == 0 else list(reversed(live))):
+            if name in failed:
+                continue
             with others_stopped(pids, name):
                 for b in batches:
-                    runs[name][b].append(one(port, tokens, b, timeout))
+                    got = ask(name, port, tokens, b)
+                    if got is not None:
+                        runs[name][b].append(got)
         took = before - time_left() if time_left is not None else 0.0
     out: dict[str, Any] = {}
     for name, port in live:
         entry: dict[str, Any] = {}
+        if name in failed:
+            entry["failed"] = failed[name][:2]
         for b, items in runs[name].items():
             costs = [r["round_ms"] for r in items if r["round_ms"] is not None]
             entry[f"batch{b}"] = {
@@ -223,9 +241,10 @@ def measure(live: Sequence[tuple[str, int]], pids: Mapping[str, int], *, rounds:
                 "rounds_done": len(items),
                 "errors": [e for r in items for e in r["errors"]][:3]}
         # the same batch 1 with every other server running: what stopping them changes
-        running = one(port, tokens, 1, timeout)
-        entry["batch1_others_running"] = {"round_ms": running["round_ms"],
-                                          "tok_s": running["tok_s"]}
+        running = ask(name, port, tokens, 1)
+        if running is not None:
+            entry["batch1_others_running"] = {"round_ms": running["round_ms"],
+                                              "tok_s": running["tok_s"]}
         out[name] = entry
     return out
 
@@ -329,7 +348,7 @@ def run_phase(r: Any, mine: Sequence[Any], folder: Path) -> None:
 
     def timings() -> None:
         out["timings"] = measure(live, pids, rounds=max(ROUNDS, r.rounds),
-                                 timeout=max(30.0, min(120.0, r.left() - 20)), time_left=r.left)
+                                 timeout=max(30.0, min(60.0, r.left() - 20)), time_left=r.left)
 
     def profiled() -> None:
         out["profiles"] = profiles(live, pids, folder, time_left=r.left)

@@ -254,6 +254,11 @@ def test_the_table_names_the_release_and_the_plugins_ab() -> None:
     assert "; SGLang 0.5.17 + the plugin" in text.splitlines()[0]
     assert "`ddtree15-8b-prev`: the plugin before its verify changes" in text
     assert "`ddtree15-8b-eagerverify`" not in text
+    doc["perf8b"]["timings"]["ddtree31-8b"] = {"failed": ["HTTP 500"], "batch1": {
+        "round_ms_median": None, "tok_s_median": None, "rounds_done": 0}}
+    text = perf8b_table.render(doc, "final call")
+    assert "`ddtree31-8b`: stopped answering, not measured further (HTTP 500)" in text
+    assert "; 3 (of 5 asked) alternating rounds" in text.splitlines()[0]  # the others' count
     row = next(line for line in text.splitlines() if line.startswith("| ddtree15-8b-prev |"))
     assert "50 (0.50x)" in row
 
@@ -283,3 +288,21 @@ def test_measure_alternates_and_starts_no_round_the_call_has_no_time_for(
     order.clear()
     full = perf8b.measure([("a", 1)], {}, rounds=5, batches=(1,))
     assert full["a"]["batch1"]["rounds_done"] == 5
+
+
+def test_a_server_that_answers_nothing_is_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+
+    def answers(port: int, tokens: int, batch: int, timeout: float) -> dict[str, Any]:
+        asked.append(port)
+        if port == 2:  # died or hangs: every request of the batch an error, no token
+            return {"tok_s": 0.0, "round_ms": None, "accept_length": None,
+                    "errors": ["timed out"] * batch}
+        return {"tok_s": 50.0, "round_ms": 9.0, "accept_length": 1.0, "errors": []}
+
+    monkeypatch.setattr(perf8b, "one", answers)
+    got = perf8b.measure([("ok", 1), ("dead", 2)], {}, rounds=3, batches=(1, 8, 32))
+    assert asked.count(2) == 1 and asked.count(1) == 3 + 3 * 3 + 1
+    assert got["dead"]["failed"] == ["timed out"]
+    assert got["dead"]["batch1"]["rounds_done"] == 0 and "batch1_others_running" not in got["dead"]
+    assert got["ok"]["batch32"]["rounds_done"] == 3 and got["ok"]["batch1"]["tok_s_median"] == 50.0
