@@ -107,7 +107,7 @@ def post(port: int, path: str, body: dict[str, Any], timeout: float = 60.0
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError) as exc:
+    except Exception as exc:  # a dead server, a cut stream (http.client.IncompleteRead)
         return -1, f"{type(exc).__name__}: {exc}"
 
 

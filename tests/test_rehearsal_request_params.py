@@ -326,3 +326,33 @@ def test_a_streamed_refusal_inside_a_started_stream_fails_the_refusals_check() -
         assert row["generate"]["status"] == row["v1"]["status"] == 400
         for route in ("generate-stream", "v1-stream"):
             assert row[route]["status"] == 200 and row[route]["named"], row[route]
+
+
+class _CutStream(BaseHTTPRequestHandler):
+    """A chunked answer that stops mid-chunk, as a server whose stream dies does."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b"40\r\ndata: {\"error\"")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def test_a_cut_stream_is_a_failed_answer_not_a_crash_of_the_phase() -> None:
+    httpd = _Server(("127.0.0.1", 0), _CutStream)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        status, text = request_params.post(httpd.server_address[1], "/v1/completions", {})
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert status == -1 and text.startswith("IncompleteRead"), text
