@@ -230,8 +230,11 @@ def test_other_algorithms_get_no_middleware_and_stream_as_before(http_process: A
     assert got.status_code == 200  # DFLASH serves penalties (issue 25's anchor finding)
 
 
-def test_the_middleware_is_innermost_and_installed_once(web: Any, http_process: Any) -> None:
-    app, _ = http_process("0.5.23")
+def test_the_middleware_is_innermost_and_installed_once(web: Any, http_process: Any,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="ddtree_sglang"):
+        app, _ = http_process("0.5.23")
+    assert "DDTREE: streamed requests are admitted before the stream starts" in caplog.text
     admission_hook.make_init_hook("DDTREE")(None, manager("DDTREE"))  # a second manager
     app.add_middleware(web.CORSMiddleware, allow_origins=["*"])  # SGLang adds more (API key) later
     assert [m.cls for m in app.user_middleware][-1] is http_admission.StreamAdmission

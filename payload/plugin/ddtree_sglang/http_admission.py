@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -36,6 +37,8 @@ SERVING_TARGETS = (
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._convert_to_internal_request",
 )
 GENERATE = "/generate"
+
+logger = logging.getLogger("ddtree_sglang")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -211,4 +214,6 @@ def install(name: str) -> bool:
         hook_serving(name)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise NotInstalled(f"{type(exc).__name__}: {exc}") from exc
+    logger.info("%s: streamed requests are admitted before the stream starts (/generate: "
+                "middleware; /v1/completions, /v1/chat/completions: request conversion).", name)
     return True
