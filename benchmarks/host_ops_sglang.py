@@ -48,10 +48,8 @@ def patched_package(wheel: Path, root: Path, payload: Path = PAYLOAD) -> Path:
     """The wheel's sglang/ with payload.yaml's patches applied and files copied (as deployed)."""
     spec = yaml.safe_load((payload / "payload.yaml").read_text())["sglang"]["0.5.11"]
     with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(root, [n for n in zf.namelist() if n.startswith("sglang/srt/speculative/")
-                             or n.startswith("sglang/srt/server_args.py")
-                             or n.startswith("sglang/srt/managers/tokenizer_manager.py")
-                             or n.startswith("sglang/srt/observability/")])
+        # the whole package: a list of folders goes stale as the payload patches more files
+        zf.extractall(root, [n for n in zf.namelist() if n.startswith("sglang/")])
     pkg = root / "sglang"
     for item in spec["patches"]:
         subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(payload / item["patch"])],

@@ -29,6 +29,7 @@ from test_payload_integration import (  # noqa: E402
     sglang_path,  # noqa: F401  (fixture)
     upstream,  # noqa: F401  (fixture)
 )
+from wheelcache import wheel  # noqa: E402
 
 
 @pytest.fixture()
@@ -130,3 +131,14 @@ def test_the_draft_prelude_reads_the_drafters_lengths_from_the_host(
     assert me.ddtree_draft_lens_cpu(batch) is batch.seq_lens_cpu
     me.use_compact_draft_cache = True  # a draft window: DFlash's own device lengths
     assert me.ddtree_draft_lens_cpu(batch) is None
+
+
+def test_the_benchmarks_sglang_is_the_deployed_patch_set(patched: Path,  # noqa: F811
+                                                         tmp_path: Path) -> None:
+    """ddtree_host_ops.py's own patched tree (what its table measures) is the wheel with every
+    patch of payload.yaml applied and its files copied, byte for byte as the payload tests'
+    tree: it once extracted a list of folders and failed on the first patch outside them."""
+    pkg = ops.patched_package(wheel("sglang", "0.5.11"), tmp_path)
+    theirs = sorted(p.relative_to(patched) for p in patched.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(pkg) for p in pkg.rglob("*") if p.is_file()) == theirs
+    assert [p for p in theirs if (pkg / p).read_bytes() != (patched / p).read_bytes()] == []
