@@ -14,9 +14,11 @@ from ddtree_deploy.settings.model import ServerSettings
 
 def base_spec(*, name: str, host: str, venv: str, port: int, model_path: str,
               gpus: tuple[int, ...] = (0,), deployment: str | None = None,
-              extra_args: tuple[str, ...] = ()) -> ServiceSpec:
+              extra_args: tuple[str, ...] = (),
+              environment: dict[str, str] | None = None) -> ServiceSpec:
     settings = ServerSettings.model_validate({"model_path": model_path,
-                                              "extra_args": list(extra_args)})
+                                              "extra_args": list(extra_args),
+                                              "environment": environment or {}})
     return ServiceSpec(name=name, host=host, venv=venv, gpus=gpus, port=port,
                        settings=settings, deployment=deployment)
 

@@ -30,7 +30,9 @@ def main(root: Path, port: int, configs: str) -> int:
                               warmup_requests=1, prompts="ids")
     base = base_spec(name="sglang-bench", host="localhost", venv=str(root / "venv"), gpus=(0,),
                      port=port, model_path=str(root / "target"),
-                     extra_args=("--skip-tokenizer-init",))
+                     extra_args=("--skip-tokenizer-init",),
+                     # a plain process gets the unit's environment only: the fault goes in it
+                     environment={k: v for k, v in os.environ.items() if k == "BENCH_FAKE_FAIL"})
     specs = specs_for(base, grid, str(root / "draft"))
     results = Results.open(root / "res" / "results.json", host="localhost",
                            service="sglang-bench")

@@ -14,7 +14,7 @@ import pytest
 from ddtree_deploy.localproc import pid_alive
 from ddtree_deploy.service.plainproc import PlainProcError, group_alive, start, stop
 from ddtree_deploy.service.render import WrapperSpec, unit_command, wrapper_command
-from ddtree_deploy.service.spec import ServiceSpec, UnitCommand
+from ddtree_deploy.service.spec import ServiceSpec, UnitCommand, unit_base_environment
 from ddtree_deploy.settings.model import ServerSettings
 
 
@@ -135,3 +135,36 @@ def test_a_link_planted_where_the_log_goes_is_not_followed(tmp_path: Path) -> No
     with pytest.raises(PlainProcError, match="log file: .*fifo.log"):  # never blocks on it
         start(cmd, str(fifo))
     assert outside.read_text() == "keep\n"
+
+
+def test_a_plain_process_gets_the_units_environment_not_the_callers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exactly what systemd would give the unit's process (its PATH, the user's HOME, USER,
+    LOGNAME, SHELL, the system's LANG), the unit's own variables and its EnvironmentFile's:
+    nothing else of the caller's environment reaches the server."""
+    monkeypatch.setenv("CALLER_ONLY_SECRET", "leaked")
+    monkeypatch.setenv("PYTHONPATH", "/caller/path")
+    monkeypatch.setenv("LD_PRELOAD", "/caller/lib.so")
+    env_file = tmp_path / "environment"
+    env_file.write_text("HF_TOKEN=hf_fromTheFile\n")
+    script = tmp_path / "server.py"
+    script.write_text("import json, os\nprint(json.dumps(dict(os.environ)), flush=True)\n")
+    cmd = UnitCommand(argv=(sys.executable, "-S", str(script)),
+                      env={"CUDA_VISIBLE_DEVICES": "3", "PYTHONUNBUFFERED": "1"},
+                      cwd=str(tmp_path), env_file=str(env_file))
+    log = tmp_path / "server.log"
+    start(cmd, str(log))
+    for _ in range(400):
+        if log.read_text().strip():
+            break
+        time.sleep(0.05)
+    seen = json.loads(log.read_text().splitlines()[0])
+    seen.pop("LC_CTYPE", None)  # Python's own locale coercion (PEP 538) in the child
+    base = unit_base_environment()
+    assert seen == {**base, "CUDA_VISIBLE_DEVICES": "3", "PYTHONUNBUFFERED": "1",
+                    "HF_TOKEN": "hf_fromTheFile"}
+    assert base["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert set(base) - {"LANG"} == {"PATH", "HOME", "USER", "LOGNAME", "SHELL"}
+    assert base["HOME"] == os.environ["HOME"]
+    # an explicit base (the rehearsal's) is still taken as given
+    assert cmd.environment({"X": "1"})["X"] == "1"

@@ -93,6 +93,7 @@ INTEGRATION_TESTS = frozenset({
     "test_plainproc.py::test_start_reports_a_missing_executable",
     "test_plainproc.py::test_a_link_planted_where_the_log_goes_is_not_followed",
     "test_plainproc.py::test_stop_kills_a_main_process_that_ignores_sigterm",
+    "test_plainproc.py::test_a_plain_process_gets_the_units_environment_not_the_callers",
     "test_probe_elf.py::test_needed_and_rpath_of_a_built_object",
     "test_probe_elf.py::test_reads_only_pages_it_needs",
     "test_probe_memo.py::test_the_probe_gives_the_same_facts_from_its_memo_and_sees_each_change",

@@ -4,7 +4,9 @@ What runs is the `UnitCommand` the unit itself is written from (`render.unit_com
 the same argv, Environment= and WorkingDirectory= systemd would run, taken from the model
 and never parsed back from the unit's text (a second reader of the text is a second
 opinion on what the unit means: Python splits lines and strips spaces where systemd
-does not).
+does not). Its environment is what systemd would give the unit's process
+(`spec.unit_base_environment`: systemd's PATH, the user's HOME, USER, LOGNAME and SHELL, the
+system's LANG), then the unit's Environment= and EnvironmentFile=: nothing else of the caller's.
 
 `start` runs the command detached, in a session and process group of its own, with
 stdin from /dev/null and stdout+stderr appended to a log file (what the probe reads

@@ -25,11 +25,38 @@ PORT_KEY = "X-DDTreeDeploy-Port"  # in [Unit]: the port its /health answers on
 # in [Unit]: a salted digest of the secrets' content (endpoint.secrets_digest), so that a
 # changed key or token changes the unit and restarts the service; never the secrets
 SECRETS_KEY = "X-DDTreeDeploy-Secrets"
+# What systemd gives a system service besides the unit's own variables (systemd.exec(5),
+# "Environment Variables in Spawned Processes"): its default PATH, the system locale's LANG
+# (locale.conf) and the user's HOME, USER, LOGNAME and SHELL. A plain process gets the same,
+# for the user it runs as (HOME: the caller's where set, so a test's own HOME holds), and
+# nothing else of the caller's environment.
+UNIT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LOCALE_FILES = ("/etc/locale.conf", "/etc/default/locale")
+
+
+def unit_base_environment() -> dict[str, str]:
+    """The environment systemd would start a unit's process in, before the unit's own."""
+    import os
+    import pwd
+
+    entry = pwd.getpwuid(os.geteuid())
+    base = {"PATH": UNIT_PATH, "HOME": os.environ.get("HOME") or entry.pw_dir,
+            "USER": entry.pw_name, "LOGNAME": entry.pw_name, "SHELL": entry.pw_shell or "/bin/sh"}
+    for path in LOCALE_FILES:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lang = [line.strip()[5:].strip('"') for line in fh if line.startswith("LANG=")]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if lang and lang[-1]:
+            base["LANG"] = lang[-1]
+            break
+    return base
 
 
 @dataclass(frozen=True)
 class UnitCommand:
-    """What a unit runs: argv, its own environment (over the caller's) and working folder.
+    """What a unit runs: argv, its own environment and working folder.
 
     The one model both ways of running a service read: `render.py` writes it into the unit
     (quoted for systemd) and `plainproc.py` runs it as it is, so the two cannot differ.
@@ -42,11 +69,10 @@ class UnitCommand:
     user: str | None = None  # User= (None: whoever starts it)
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The process's environment: `base` (default: this process's) with the unit's on top,
-        then its EnvironmentFile's (read here, as systemd reads it at each start)."""
-        import os
-
-        merged = dict(os.environ if base is None else base)
+        """The process's environment: `base` (default: what systemd gives a unit's process,
+        `unit_base_environment`; never the caller's whole environment) with the unit's on
+        top, then its EnvironmentFile's (read here, as systemd reads it at each start)."""
+        merged = dict(unit_base_environment() if base is None else base)
         merged.update(self.env)
         if self.env_file is not None:
             from ddtree_deploy.service.endpoint import read_env_file
