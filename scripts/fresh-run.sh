@@ -41,6 +41,14 @@ lab_purge() {  # CHECKOUT: the lab's own purge with the fresh folders (leftovers
   # scan of the machine too), through CHECKOUT's venv if it has one
   if [ -x "$1/.venv/bin/ddtree-deploy" ]; then
     (cd "$1" && "${fresh_env[@]}" .venv/bin/ddtree-deploy lab down --purge) || true
+    # the tests' own lab lives under CHECKOUT/.test-home (tests/conftest.py): taken down too
+    # (its mounts undone before the folder goes), its caches kept
+    local th=$1/.test-home
+    if [ -d "$th" ]; then
+      (cd "$1" && "${fresh_env[@]}" HOME="$th" XDG_CACHE_HOME="$th/.cache" \
+        XDG_CONFIG_HOME="$th/.config" XDG_STATE_HOME="$th/.local/state" \
+        XDG_DATA_HOME="$th/.local/share" .venv/bin/ddtree-deploy lab down) || true
+    fi
   fi
 }
 finish() {
