@@ -9,10 +9,12 @@ here: the kernel must read only the tree columns (every prefix column is visible
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +202,45 @@ def test_the_self_check_decides_before_any_real_block() -> None:
         del os.environ["SGLANG_DDTREE_TREE_ATTENTION"]
     assert ta.self_check(off, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
                          dtype=dtype) == "off"
+
+
+@needs_kernel
+def test_the_tree_kernel_agrees_with_sglang_0517s_own_extend_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang 0.5.17's extend kernel (its files from the real wheel; the plugin's release) on a
+    verify block: the same as attention under the tree mask with every prefix column visible (it
+    skips the mask's prefix part), and the wrapper's self-check turns the tree kernel on."""
+    import zipfile
+
+    from ddtree import tree_attention as ta
+    from wheelcache import wheel
+
+    folder = "sglang/kernels/ops/attention"
+    with zipfile.ZipFile(wheel("sglang", "0.5.17")) as zf:
+        for name in ("extend_attention", "decode_attention", "prefill_attention", "score_mod"):
+            zf.extract(f"{folder}/{name}.py", tmp_path)
+    for pkg in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention",
+                "sglang.srt"):
+        module = types.ModuleType(pkg)
+        module.__path__ = [str(tmp_path / pkg.replace(".", "/"))]  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, pkg, module)
+    utils = types.ModuleType("sglang.srt.utils")  # the one other import: the platform probes
+    utils.is_cuda = torch.cuda.is_available  # type: ignore[attr-defined]
+    utils.is_hip = utils.is_gfx95_supported = lambda: False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    loaded = [f"sglang.kernels.ops.attention.{m}" for m in
+              ("extend_attention", "decode_attention", "prefill_attention", "score_mod")]
+    try:
+        extend = importlib.import_module(loaded[0]).extend_attention_fwd
+        d = make(2, 16, 8, 2, 64, [5, 130], seed=11)
+        o = torch.zeros_like(d["q"])
+        extend(*_args(d, o, 16))  # the mask's prefix bits are random: SGLang must skip them
+        tol = 2e-2 if DEV == "cuda" else 1e-4
+        assert float((o.float().cpu() - d["want"]).abs().max()) < tol
+        dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+        fwd = ta.wrap(extend)
+        assert ta.self_check(fwd, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
+                             dtype=dtype) == "on"
+    finally:
+        for name in loaded:
+            sys.modules.pop(name, None)
