@@ -42,7 +42,7 @@ from sglang.srt.distributed import get_tp_group
 from sglang.srt.speculative import dflash_worker_v2 as _v2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from ddtree_sglang import compat
+from ddtree_sglang import compat, target_attention
 from ddtree_sglang.relink import path_first_order
 from ddtree_sglang.settings import from_env
 from ddtree_sglang.verify import (
@@ -84,7 +84,7 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError(f"DDTREE: drafter block {self.block_size}, expected {block}.")
         self.verify_width = block if self.ddtree_shadow_linear else self.ddtree_budget + 1
         self._verify_graphed = False  # init_attention_backends: the verify graphs take the mask
-        self._verify_graphs_checked = False
+        self._verify_graphs_warned = False
         if self._need_mamba_verify_commit and not self.ddtree_shadow_linear:
             raise RuntimeError("DDTREE full-tree verification does not support hybrid (mamba) "
                                "targets; set SGLANG_DDTREE_SHADOW_LINEAR=1 or use DFLASH.")
@@ -100,23 +100,20 @@ class DDTreeWorker(DFlashWorkerV2):
         """DFLASH's, then the target's verify attention (``target_attention``: the tree kernel
         and verify graphs that carry the tree's mask), before any graph is captured."""
         super().init_attention_backends()
-        from ddtree_sglang.target_attention import prepare
-
-        self._verify_graphed = prepare(
+        self._verify_graphed = target_attention.prepare(
             self.target_worker.model_runner, tree_mode=not self.ddtree_shadow_linear,
             n=self.verify_width, tp_size=int(get_tp_group().world_size),
             graphs_on=not bool(getattr(self.server_args, "disable_cuda_graph", False)))
 
-    def _check_verify_graphs(self) -> None:
-        """Once, at the first full-tree verify: the target's graphs were captured on the changed
-        backend (``target_attention.graphs_hold_mask``), else the verify stays eager."""
-        from ddtree_sglang.target_attention import graphs_hold_mask
-
-        self._verify_graphs_checked = True
-        why = graphs_hold_mask(self.target_worker.model_runner)
-        if why is not None:
-            self._verify_graphed = False
+    def _graphs_hold_mask(self) -> bool:
+        """Every full-tree verify: the target's graphs (a recapture included) were captured on
+        the changed backend (``target_attention.graphs_hold_mask``); else this verify runs
+        eagerly (said once)."""
+        why = target_attention.graphs_hold_mask(self.target_worker.model_runner)
+        if why is not None and not self._verify_graphs_warned:
+            self._verify_graphs_warned = True
             logger.warning("DDTREE target verify: eager (%s).", why)
+        return why is None
 
     def _check_target(self) -> None:
         try:
@@ -263,8 +260,6 @@ class DDTreeWorker(DFlashWorkerV2):
         if not self.ddtree_shadow_linear:
             total = (int(host_lens.sum()) + n * bs) * n
             mask = tree_custom_mask(plan.inputs.mask, host_lens, total, index=mask_index)
-            if self._verify_graphed and not self._verify_graphs_checked:
-                self._check_verify_graphs()
         verify_input = DFlashVerifyInput(
             draft_token=plan.inputs.input_ids.reshape(-1),
             positions=plan.inputs.positions.reshape(-1),
@@ -278,7 +273,7 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens_cpu = bound.to(saved[0].dtype if saved[0] is not None else torch.int64)
         batch.seq_lens_sum = int(bound.sum())
         try:
-            eager = mask is not None and not self._verify_graphed
+            eager = mask is not None and not (self._verify_graphed and self._graphs_hold_mask())
             with compat.eager(self.target_worker.model_runner, on=eager):
                 forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 out = self.target_worker.forward_batch_generation(
