@@ -244,7 +244,7 @@ def test_new_modules_import_only_what_0_5_11_has(patched: Path) -> None:
                 # ddtree is the core's own fallback name when used outside sglang (guarded).
                 assert all(n.split(".")[0] in {"torch", "__future__", "argparse", "copy",
                                               "dataclasses", "logging", "typing", "triton",
-                                              "os", "collections",
+                                              "os", "collections", "contextlib",
                                               "ddtree"} for n in names), names
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 import sys
 import threading
 import types
@@ -96,6 +97,53 @@ def test_ddtree_without_a_backend_gets_triton(
     shadow = _post_init(sglang_path, monkeypatch, speculative_algorithm="DDTREE",
                         speculative_ddtree_shadow_linear=True)
     assert shadow.attention_backend == "fa3"  # the chain runs on any DFlash backend
+
+
+# Every refusal of DFLASH's start-up checks in ServerArgs, which DDTREE runs too (issue 25 item 6):
+# (what is set, words of the message).
+DFLASH_REFUSALS = [
+    ({"enable_dp_attention": True}, "does not support dp attention"),
+    ({"pp_size": 2}, "only supports pp_size == 1"),
+    ({"speculative_draft_model_path": None}, "requires setting --speculative-draft-model-path"),
+    ({"speculative_dflash_block_size": 0}, "--speculative-dflash-block-size to be positive"),
+    ({"speculative_dflash_block_size": 8}, "they must match"),
+    ({"speculative_dflash_draft_window_size": 0}, "window-size to be positive"),
+    ({"speculative_dflash_draft_window_size": 4}, "window-size must be >="),
+]
+
+
+@pytest.mark.parametrize(("over", "says"), DFLASH_REFUSALS, ids=[s for _, s in DFLASH_REFUSALS])
+def test_dflash_start_up_refusals_name_ddtree_to_its_users(
+        upstream: Path, sglang_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        over: dict[str, Any], says: str) -> None:
+    """Through the patched ``__post_init__``: a DDTREE user refused by a check DDTREE shares
+    with DFLASH reads DDTREE (the same exception type); a DFLASH user reads the release's own
+    message word for word (0.5.11's unpatched method)."""
+    with pytest.raises(ValueError, match=re.escape(says)) as ddtree:
+        _post_init(sglang_path, monkeypatch, speculative_algorithm="DDTREE", **over)
+    assert type(ddtree.value) is ValueError
+    assert "DDTREE" in str(ddtree.value) and "DFLASH" not in str(ddtree.value), ddtree.value
+    with pytest.raises(ValueError) as dflash:
+        _post_init(sglang_path, monkeypatch, speculative_algorithm="DFLASH", **over)
+    with pytest.raises(ValueError) as release:
+        _run_handle(upstream, monkeypatch, speculative_algorithm="DFLASH", **over)
+    assert str(dflash.value) == str(release.value) and "DFLASH" in str(release.value)
+
+
+def test_only_refusals_naming_dflash_alone_are_renamed(sglang_path: Path) -> None:  # noqa: F811
+    from sglang.srt.speculative.ddtree_args import ddtree_named
+
+    ddtree, dflash = (types.SimpleNamespace(speculative_algorithm=a) for a in ("DDTREE", "DFLASH"))
+    cases = [(ddtree, ValueError("DFLASH needs X")), (ddtree, RuntimeError("DFLASH needs X")),
+             (dflash, ValueError("DFLASH needs X")),
+             (ddtree, ValueError("DDTREE cannot; use --speculative-algorithm DFLASH")),
+             (ddtree, ValueError("no algorithm named")), (ddtree, KeyError("DFLASH"))]
+    said = []
+    for args, exc in cases:
+        with pytest.raises(type(exc)) as got, ddtree_named(args):
+            raise exc
+        said.append(str(got.value) if got.value is not exc else "same")
+    assert said == ["DDTREE needs X", "DDTREE needs X", "same", "same", "same", "same"]
 
 
 def test_ddtree_with_a_named_non_triton_backend_is_refused_with_the_flag(

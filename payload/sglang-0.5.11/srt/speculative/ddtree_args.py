@@ -26,12 +26,18 @@ Sizes: the draft block (``--speculative-num-draft-tokens`` / ``--speculative-dfl
 16 for ``*-b16`` drafters) stays in ``speculative_dflash_block_size``; in full-tree mode the verify
 width ``speculative_num_draft_tokens`` becomes ``budget + 1`` (root + budget nodes), which is what
 the target's attention backend, CUDA graphs and KV accounting size for.
+
+DFlash's checks refuse in DFLASH's name; ``ServerArgs.__post_init__`` runs them inside
+:func:`ddtree_named`, so a DDTREE user reads DDTREE in those refusals (the text only: same
+exception type, raised at the same check; DFLASH users read the release's own text).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -39,6 +45,20 @@ logger = logging.getLogger(__name__)
 DDTREE = "DDTREE"
 DEFAULT_BUDGET = 32
 MAX_BUDGET = 1024
+
+
+@contextlib.contextmanager
+def ddtree_named(args: Any) -> Iterator[None]:
+    """A refusal naming DFLASH alone, raised for a DDTREE server (DFlash's own checks, which
+    DDTREE runs too), is raised again naming DDTREE: same type, same text otherwise."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as exc:
+        text = str(exc)
+        if getattr(args, "speculative_algorithm", None) != DDTREE or "DFLASH" not in text \
+                or DDTREE in text or type(exc) not in (ValueError, RuntimeError):
+            raise
+        raise type(exc)(text.replace("DFLASH", DDTREE)) from None
 
 
 def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
