@@ -83,11 +83,28 @@ def test_settings_from_the_environment() -> None:
     assert settings.from_env({"SGLANG_DDTREE_BUDGET": "63"}).topk == 63
 
 
+def test_the_unproven_verify_paths_are_opt_in() -> None:
+    for field, name in (("tree_attention", "SGLANG_DDTREE_TREE_ATTENTION"),
+                        ("verify_graph", "SGLANG_DDTREE_VERIFY_GRAPH")):
+        default = getattr(settings.from_env({}), field)
+        assert not default.on and not default.explicit
+        assert default.why == f"default until proven on a GPU; {name}=1 turns it on"
+        assert not getattr(settings.from_env({name: ""}), field).on
+        on = getattr(settings.from_env({name: " 1"}), field)
+        assert on.on and on.why == f"{name}=1"
+        off = getattr(settings.from_env({name: "0"}), field)
+        assert not off.on and off.explicit and off.why == f"{name}=0"
+
+
 @pytest.mark.parametrize(("env", "message"), [
     ({"SGLANG_DDTREE_BUDGET": "many"}, "SGLANG_DDTREE_BUDGET must be an integer"),
     ({"SGLANG_DDTREE_BUDGET": "0"}, "SGLANG_DDTREE_BUDGET must be between 1 and 1024, got 0"),
     ({"SGLANG_DDTREE_TOPK": "2000"}, "SGLANG_DDTREE_TOPK must be between 1 and 1024"),
     ({"SGLANG_DDTREE_SHADOW_LINEAR": "maybe"}, "SGLANG_DDTREE_SHADOW_LINEAR must be 1 or 0"),
+    ({"SGLANG_DDTREE_TREE_ATTENTION": "yes"},
+     "SGLANG_DDTREE_TREE_ATTENTION must be 1 \\(on\\) or 0 \\(off, the default\\), got 'yes'"),
+    ({"SGLANG_DDTREE_VERIFY_GRAPH": "2"}, "SGLANG_DDTREE_VERIFY_GRAPH must be 1 \\(on\\) or 0"),
+    ({"SGLANG_DDTREE_VERIFY_GRAPH": "true"}, "SGLANG_DDTREE_VERIFY_GRAPH must be 1"),
 ])
 def test_bad_settings_are_refused_naming_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

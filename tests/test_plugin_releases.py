@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,10 +125,13 @@ def sites(tmp_path_factory: pytest.TempPathFactory, plugin_wheel: Path) -> dict[
     return out
 
 
-def register(site: Path, version: str, spec_info: Path | None = None) -> dict:
+def register(site: Path, version: str, spec_info: Path | None = None,
+             env: dict[str, str] | None = None) -> dict:
     path = spec_info or site / "sglang" / "srt" / "speculative" / "spec_info.py"
     proc = subprocess.run([sys.executable, "-c", REGISTER, str(site), version, str(path)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in {**os.environ, **(env or {})}.items()
+                               if not k.startswith("SGLANG_DDTREE_") or k in (env or {})})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -146,6 +150,17 @@ def test_registers_on_the_release(sites: dict[str, Path], version: str) -> None:
     assert got["factory"] == "worker_factory"
     assert "does not support overlap scheduling" in got["overlap"]
     assert f"DDTREE registered on SGLang {version}" in got["log"]
+
+
+def test_an_unproven_verify_path_is_refused_at_start_unless_1_or_0(
+        sites: dict[str, Path]) -> None:
+    version = SUPPORTED[0]
+    for name in ("SGLANG_DDTREE_TREE_ATTENTION", "SGLANG_DDTREE_VERIFY_GRAPH"):
+        got = register(sites[version], version, env={name: "on"})
+        assert got["validate"] == f"DDTREE: {name} must be 1 (on) or 0 (off, the default), " \
+                                  "got 'on'."
+        for good in ("1", "0"):
+            assert register(sites[version], version, env={name: good})["validate"] == "ok"
 
 
 def test_an_upstream_ddtree_keeps_its_name(sites: dict[str, Path], tmp_path: Path) -> None:

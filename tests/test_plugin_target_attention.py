@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "payload" / "plugin"))
 sys.path.insert(0, str(ROOT / "payload"))
 
-from ddtree_sglang import releases, target_attention  # noqa: E402
+from ddtree_sglang import releases, settings, target_attention  # noqa: E402
 
 SUPPORTED = sorted(releases.SUPPORTED)
 
@@ -194,33 +194,100 @@ def test_a_policy_that_still_refuses_leaves_the_backend_as_it_was(
     assert type(runner.attn_backend) is triton_cls
 
 
-@pytest.mark.parametrize(("tree_mode", "env", "graphs_on", "said"), [
-    (True, {"SGLANG_DDTREE_VERIFY_GRAPH": "0"}, True, "eager (SGLANG_DDTREE_VERIFY_GRAPH=0)"),
-    (True, {}, False, "eager (CUDA graphs are off)"),
-    # both off: the plugin before these changes (perf-8b's ddtree15-8b-prev), nothing wrapped
-    (True, {"SGLANG_DDTREE_VERIFY_GRAPH": "0", "SGLANG_DDTREE_TREE_ATTENTION": "0"}, True,
+def _opt_ins(env: dict[str, str]) -> dict[str, Any]:
+    """The two opt-ins as the worker passes them (``settings.from_env``, checked at start)."""
+    got = settings.from_env(env)
+    return {"tree_attention": got.tree_attention, "verify_graph": got.verify_graph}
+
+
+def _prepare(runner: Any, env: dict[str, str], *, graphs_on: bool = True,
+             tree_mode: bool = True) -> bool:
+    return target_attention.prepare(runner, tree_mode=tree_mode, n=16, tp_size=1,
+                                    graphs_on=graphs_on, **_opt_ins(env))
+
+
+UNPROVEN = "default until proven on a GPU"
+
+
+@pytest.mark.parametrize(("env", "graphs_on", "said"), [
+    # the default: neither unproven path, the plugin as proven on the H200 (6ebdc14)
+    ({}, True, f"tree kernel off ({UNPROVEN}; SGLANG_DDTREE_TREE_ATTENTION=1 turns it on); "
+               f"eager ({UNPROVEN}; SGLANG_DDTREE_VERIFY_GRAPH=1 turns it on)"),
+    # both off by name: perf-8b's ddtree15-8b-prev
+    ({"SGLANG_DDTREE_VERIFY_GRAPH": "0", "SGLANG_DDTREE_TREE_ATTENTION": "0"}, True,
      "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0); eager (SGLANG_DDTREE_VERIFY_GRAPH=0)"),
+    ({"SGLANG_DDTREE_VERIFY_GRAPH": "1", "SGLANG_DDTREE_TREE_ATTENTION": "0"}, False,
+     "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0); eager (CUDA graphs are off)"),
 ])
-def test_prepare_keeps_the_verify_eager_when_switched_off(
-        tree_mode: bool, env: dict[str, str], graphs_on: bool, said: str,
+def test_prepare_keeps_sglangs_kernel_and_the_eager_verify_unless_opted_in(
+        env: dict[str, str], graphs_on: bool, said: str,
         caplog: pytest.LogCaptureFixture) -> None:
     extend = object()
     backend = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": extend})()
     runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None)
     with caplog.at_level(logging.INFO, logger=target_attention.__name__):
-        assert target_attention.prepare(runner, tree_mode=tree_mode, n=16, tp_size=1,
-                                        graphs_on=graphs_on, env=env) is False
-    assert said in caplog.text and "DDTREE target verify: tree kernel" in caplog.text
-    assert type(backend).__name__ == target_attention.BACKEND_CLASS
-    if env.get("SGLANG_DDTREE_TREE_ATTENTION") == "0":
-        assert backend.extend_attention_fwd is extend
+        assert _prepare(runner, env, graphs_on=graphs_on) is False
+    assert f"DDTREE target verify: {said}" in caplog.text
+    assert type(backend).__name__ == target_attention.BACKEND_CLASS  # graphs without the mask
+    assert backend.extend_attention_fwd is extend  # SGLang's kernel, not even wrapped
+
+
+def test_prepare_serves_both_when_opted_in(monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    # the tree kernel's module as the plugin calls it (its kernel needs triton and a GPU; its
+    # own tests are tests/test_ddtree_tree_attention.py): what prepare wraps and checks
+    checked: list[dict[str, Any]] = []
+
+    def wrap(fwd: Any) -> Any:
+        def wrapped(*a: Any, **k: Any) -> Any:
+            return fwd(*a, **k)
+        wrapped.ddtree_state = {"on": True, "checked": False}  # type: ignore[attr-defined]
+        return wrapped
+
+    def self_check(fwd: Any, **shape: Any) -> str:
+        checked.append(shape)
+        fwd.ddtree_state["checked"] = True
+        return "on"
+
+    kernel = types.ModuleType("ddtree.tree_attention")
+    kernel.wrap, kernel.self_check = wrap, self_check  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, kernel.__name__, kernel)
+    _packages(monkeypatch)
+    utils = types.ModuleType("sglang.srt.speculative.dflash_utils")
+    utils.resolve_dflash_verify_mask_policy = release_policy(SUPPORTED[0])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dflash_utils", utils,
+                        raising=False)
+
+    extend = object()
+    backend = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": extend})()
+    config = types.SimpleNamespace(get_num_attention_heads=lambda tp: 32,
+                                   get_num_kv_heads=lambda tp: 8, head_dim=128)
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None,
+                                   model_config=config, device="cuda", dtype="bfloat16")
+    env = {"SGLANG_DDTREE_TREE_ATTENTION": "1", "SGLANG_DDTREE_VERIFY_GRAPH": "1"}
+    with caplog.at_level(logging.INFO, logger=target_attention.__name__):
+        assert _prepare(runner, env) is True
+    assert "DDTREE target verify: tree kernel on (SGLANG_DDTREE_TREE_ATTENTION=1); CUDA graphs " \
+           "with the tree's mask (SGLANG_DDTREE_VERIFY_GRAPH=1)" in caplog.text
+    assert backend.extend_attention_fwd is not extend and checked == [
+        {"device": "cuda", "heads": 32, "kv_heads": 8, "head_dim": 128, "n": 16,
+         "dtype": "bfloat16"}]
+    assert type(backend).__name__ == target_attention.GRAPH_CLASS
+
+    # the graphs alone: SGLang's kernel unwrapped, the verify graphs with the mask
+    plain = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": extend})()
+    runner = types.SimpleNamespace(attn_backend=plain, decode_attn_backend=None)
+    assert _prepare(runner, {"SGLANG_DDTREE_VERIFY_GRAPH": "1"}) is True
+    assert plain.extend_attention_fwd is extend
+    assert type(plain).__name__ == target_attention.GRAPH_CLASS
 
 
 def test_prepare_leaves_shadow_linear_to_dflash() -> None:
     backend = type(target_attention.BACKEND_CLASS, (), {})()
     runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None)
-    assert target_attention.prepare(runner, tree_mode=False, n=8, tp_size=1,
-                                    graphs_on=True, env={}) is False
+    env = {"SGLANG_DDTREE_TREE_ATTENTION": "1", "SGLANG_DDTREE_VERIFY_GRAPH": "1"}
+    assert _prepare(runner, env, tree_mode=False) is False
     assert type(backend).__name__ == target_attention.BACKEND_CLASS
 
 

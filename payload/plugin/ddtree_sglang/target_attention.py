@@ -1,6 +1,11 @@
 """The target's verify attention on SGLang 0.5.17+: the tree kernel, and graphs with the mask.
 
-Both change the TARGET model runner's triton backend (never the drafter's), from the worker's
+Both are OPT-IN (``settings.OptIn``): off unless ``SGLANG_DDTREE_TREE_ATTENTION=1`` /
+``SGLANG_DDTREE_VERIFY_GRAPH=1``, until a GPU run proves them lossless in this form (a
+speculative decoder must never serve silently different tokens); off, the plugin verifies as
+it did when proven on the H200 (6ebdc14: the full tree eagerly, SGLang's extend kernel). The
+0.5.11 patch set's tree kernel, proven there, stays on by default. Both change the TARGET
+model runner's triton backend (never the drafter's), from the worker's
 ``init_attention_backends``: SGLang builds every worker's attention backends before it captures
 any CUDA graph (``Scheduler.init_model_worker``: ``init_all_attention_backends``, then
 ``init_all_cuda_graphs``), the target's first, so the target's backend exists there and its
@@ -11,7 +16,7 @@ graphs are not captured yet (:func:`prepare` checks that they are not).
    through the split-KV tree kernel; checked once against SGLang's kernel at once, on a
    synthetic block of the model's shape (``tree_attention.self_check``: the first real block
    would be a graph capture's warm-up, whose mask is a placeholder). A mismatch or an error
-   leaves SGLang's kernel serving. ``SGLANG_DDTREE_TREE_ATTENTION=0``: SGLang's kernel (A/B).
+   leaves SGLang's kernel serving. Unset or ``0``: SGLang's kernel, not even wrapped.
 2. **Verify graphs with the tree's mask.** DFLASH's block is causal, so SGLang captures the
    target's verify graphs without a custom mask on the backends it lists in
    ``dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS`` (by class name; triton among them
@@ -20,7 +25,7 @@ graphs are not captured yet (:func:`prepare` checks that they are not).
    graph runner's policy (``resolve_dflash_verify_mask_policy``) then captures the verify with
    the backend's mask buffer, and every replay copies the round's mask into it
    (``TritonAttnBackend._update_target_verify_buffers``), as SGLang 0.5.11 did for triton.
-   Without it (``SGLANG_DDTREE_VERIFY_GRAPH=0``, CUDA graphs off, graphs already captured, a
+   Without it (not opted in, CUDA graphs off, graphs already captured, a
    backend other than triton, or SGLang's policy still saying no mask) the worker runs the
    full-tree verify eagerly (``compat.eager``), as the plugin did before.
 """
@@ -28,9 +33,10 @@ graphs are not captured yet (:func:`prepare` checks that they are not).
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddtree_sglang.settings import OptIn
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +44,9 @@ BACKEND_CLASS = "TritonAttnBackend"
 GRAPH_CLASS = "DDTreeTritonAttnBackend"
 
 
-def _switch(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "1") not in ("", "0")
+def _said(verdict: str, why: str) -> str:
+    """``verdict`` with ``why`` in its parentheses (``off (x)`` -> ``off (x; why)``)."""
+    return f"{verdict[:-1]}; {why})" if verdict.endswith(")") else f"{verdict} ({why})"
 
 
 def _backends(runner: Any) -> list[Any]:
@@ -113,30 +120,31 @@ def graphs_hold_mask(runner: Any) -> str | None:
 
 
 def prepare(runner: Any, *, tree_mode: bool, n: int, tp_size: int, graphs_on: bool,
-            env: Mapping[str, str] | None = None) -> bool:
-    """Both changes on the target's ``runner`` (see the module); True when the full-tree verify
-    can replay the target's graphs (they will carry the mask)."""
-    env = os.environ if env is None else env
+            tree_attention: OptIn, verify_graph: OptIn) -> bool:
+    """The opted-in changes on the target's ``runner`` (see the module); True when the full-tree
+    verify can replay the target's graphs (they will carry the mask). Logs which verify serves
+    and why."""
     if not tree_mode:
         return False  # shadow-linear: DFLASH's causal block, its graphs as they are
-    if not _switch(env, "SGLANG_DDTREE_TREE_ATTENTION"):  # SGLang's kernel, not even wrapped
-        verdict = "off (SGLANG_DDTREE_TREE_ATTENTION=0)"
+    if not tree_attention.on:  # SGLang's kernel, not even wrapped
+        verdict = _said("off", tree_attention.why)
     else:
         try:
             verdict = wrap_tree_kernel(runner, n, tp_size)
         except Exception as exc:  # SGLang's kernel serves; the server starts as before
             verdict = f"off ({type(exc).__name__}: {exc})"
+        verdict = _said(verdict, tree_attention.why)
     why: str | None
-    if not graphs_on:
+    if not verify_graph.on:
+        why = verify_graph.why
+    elif not graphs_on:
         why = "CUDA graphs are off"
-    elif not _switch(env, "SGLANG_DDTREE_VERIFY_GRAPH"):
-        why = "SGLANG_DDTREE_VERIFY_GRAPH=0"
     else:
         try:
             why = mask_in_graphs(runner)
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
     logger.info("DDTREE target verify: tree kernel %s; %s", verdict,
-                "CUDA graphs with the tree's mask" if why is None
+                f"CUDA graphs with the tree's mask ({verify_graph.why})" if why is None
                 else f"eager ({why})")
     return why is None

@@ -12,9 +12,9 @@ round is this module's:
    ``prefix + depth`` and the ancestor-only mask. Plan and walk replay from CUDA graphs per batch
    size (``ddtree.graphs``; module docstring of the 0.5.11 worker for the limits).
 3. **Verify.** The target runs the ``budget + 1`` slots under the tree's mask (SGLang's flattened
-   custom-mask layout, the triton backend; its attention through the tree kernel and replayed
-   from the target's CUDA graphs, which carry the mask: ``target_attention``; eager where they
-   cannot) into the request's reserved KV slots
+   custom-mask layout, the triton backend; eagerly through SGLang's extend kernel by default,
+   opted in through the tree kernel and replayed from the target's CUDA graphs, which carry the
+   mask: ``target_attention``) into the request's reserved KV slots
    ``prefix .. prefix + budget``; the target's token after every slot is its argmax for greedy
    requests and its own filtered sample for sampled ones (``ddtree.sampling``), so the walk
    commits exactly what the target alone would.
@@ -76,6 +76,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.ddtree_budget = settings.budget
         self.ddtree_topk = settings.topk
         self.ddtree_shadow_linear = settings.shadow_linear
+        self.ddtree_settings = settings
         block = int(server_args.speculative_dflash_block_size)
         drafter_args = compat.draft_args(server_args, block)
         with compat.published(drafter_args):
@@ -103,7 +104,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self._verify_graphed = target_attention.prepare(
             self.target_worker.model_runner, tree_mode=not self.ddtree_shadow_linear,
             n=self.verify_width, tp_size=int(get_tp_group().world_size),
-            graphs_on=not bool(getattr(self.server_args, "disable_cuda_graph", False)))
+            graphs_on=not bool(getattr(self.server_args, "disable_cuda_graph", False)),
+            tree_attention=self.ddtree_settings.tree_attention,
+            verify_graph=self.ddtree_settings.verify_graph)
 
     def _graphs_hold_mask(self) -> bool:
         """Every full-tree verify: the target's graphs (a recapture included) were captured on
