@@ -16,17 +16,21 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-# -old: the patch set's earlier payload (0.5.11); -prev and -eagerverify: the plugin form's own
-# A/B switches (rehearsal/perf8b.py, SGLang 0.5.17+)
+# -old: the patch set's earlier payload (0.5.11); on SGLang 0.5.17+ the plugin form's own A/B
+# switches (rehearsal/perf8b.py: PLUGIN_BEFORE, PLUGIN_AFTER), said for each server in PLUGIN_AB
 ORDER = ("nospec-8b", "dflash-8b", "ddtree15-8b-old", "ddtree15-8b-prev", "ddtree15-8b-extendattn",
          "ddtree15-8b-eagerverify", "ddtree15-8b", "ddtree31-8b")
 BATCHES = (1, 8, 32)
 PLUGIN_AB = {
-    "ddtree15-8b-prev": "the plugin before its verify changes (SGLANG_DDTREE_VERIFY_GRAPH=0, "
-                        "SGLANG_DDTREE_TREE_ATTENTION=0: the target's verify eager, SGLang's "
-                        "extend kernel)",
+    "ddtree15-8b-prev": "the plugin's default, as before its verify changes "
+                        "(SGLANG_DDTREE_VERIFY_GRAPH=0, SGLANG_DDTREE_TREE_ATTENTION=0: the "
+                        "target's verify eager, SGLang's extend kernel)",
+    "ddtree15-8b-extendattn": "the verify graphs without the tree kernel "
+                              "(SGLANG_DDTREE_VERIFY_GRAPH=1, SGLANG_DDTREE_TREE_ATTENTION=0)",
     "ddtree15-8b-eagerverify": "the tree kernel without the verify graphs "
-                               "(SGLANG_DDTREE_VERIFY_GRAPH=0)",
+                               "(SGLANG_DDTREE_TREE_ATTENTION=1, SGLANG_DDTREE_VERIFY_GRAPH=0)",
+    "ddtree15-8b": "both opted in (SGLANG_DDTREE_TREE_ATTENTION=1, SGLANG_DDTREE_VERIFY_GRAPH=1; "
+                   "ddtree31-8b too)",
 }
 NOSPEC, DFLASH = "nospec-8b", "dflash-8b"
 PROFILE_COLS = (("round_ms", "round ms"), ("gpu_busy_ms", "GPU busy ms"),
@@ -93,8 +97,9 @@ def render(doc: Mapping[str, Any], label: str) -> str:
     if p.get("old_payload"):
         parts.append(f"`ddtree15-8b-old`: the payload of {p['old_payload']}")
     names = set(p.get("timings") or {}) | set(p.get("profiles") or {})
+    plugin = doc.get("sglang") not in (None, "0.5.11")  # the plugin form's switches
     for name, what in PLUGIN_AB.items():
-        if name in names:
+        if plugin and name in names:
             parts.append(f"`{name}`: {what}")
     for name, t in (p.get("timings") or {}).items():
         if isinstance(t, Mapping) and t.get("failed"):

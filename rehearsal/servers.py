@@ -14,8 +14,8 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -38,6 +38,14 @@ COMMON_ARGS = (
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
               "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 
+# The plugin's verify paths that no GPU run has proven yet (ddtree_sglang/target_attention.py;
+# opt-in from plugin 0.3.2): the tree verify kernel, and the verify replayed from CUDA graphs
+# captured with the tree's mask.
+PLUGIN_OPT_INS = (("SGLANG_DDTREE_TREE_ATTENTION", "1"), ("SGLANG_DDTREE_VERIFY_GRAPH", "1"))
+# On SGLang 0.5.17+ the lossless checks run the DDTREE servers with both opted in, so a GPU
+# run proves them; these keep the plugin's default (both off: the verify proven in call 2), so
+# the same run checks the default too.
+PLUGIN_DEFAULT = frozenset({"ddtree31-ladder"})
 
 @dataclass(frozen=True)
 class Server:
@@ -91,6 +99,21 @@ class Server:
             dep["ddtree"] = {"budget": self.budget, "topk": self.topk,
                              "shadow_linear": self.shadow_linear}
         return dep
+
+
+def opted_in(specs: Sequence[Server], sglang: str) -> list[Server]:
+    """``specs`` with :data:`PLUGIN_OPT_INS` in each DDTREE server's environment on the plugin
+    form (SGLang other than 0.5.11), but for :data:`PLUGIN_DEFAULT` and a variable the server
+    sets itself."""
+    if sglang == "0.5.11":
+        return list(specs)
+    out = []
+    for s in specs:
+        if s.algorithm == "ddtree" and s.name not in PLUGIN_DEFAULT:
+            own = {k for k, _ in s.env}
+            s = replace(s, env=(*s.env, *((k, v) for k, v in PLUGIN_OPT_INS if k not in own)))
+        out.append(s)
+    return out
 
 
 def hosts_file(server: Server, venv: str, folder: Path) -> Path:

@@ -43,6 +43,9 @@ def test_servers_are_judged_settings_and_the_old_one_only_with_a_snapshot(tmp_pa
     assert [s.name for s in plain] == ["nospec-8b", "dflash-8b", "ddtree15-8b", "ddtree31-8b",
                                        "ddtree15-8b-extendattn"]
     assert dict(plain[-1].env)["SGLANG_DDTREE_TREE_ATTENTION"] == "0"
+    # the patch set (0.5.11) takes no plugin opt-in: its tree kernel is on by default
+    assert [dict(s.env).get("SGLANG_DDTREE_TREE_ATTENTION") for s in plain] == [None] * 4 + ["0"]
+    assert not any("SGLANG_DDTREE_VERIFY_GRAPH" in dict(s.env) for s in plain)
     assert [s.name for s in ab][-1] == "ddtree15-8b-old" and ab[-1].venv == "/w/venv-old"
     for s in ab:
         dep = s.deployment("torch")
@@ -60,12 +63,23 @@ def test_on_the_plugin_form_the_ab_is_the_plugins_own_switches(
     assert run._old_payload("0.5.17") is None and run._old_payload("0.5.11") == tmp_path
     got = {s.name: s for s in run._servers("perf-8b", sglang="0.5.17")}
     assert "ddtree15-8b-old" not in got and all(s.venv is None for s in got.values())
-    prev = dict(got["ddtree15-8b-prev"].env)
-    assert prev["SGLANG_DDTREE_VERIFY_GRAPH"] == "0" and prev["SGLANG_DDTREE_TREE_ATTENTION"] == "0"
-    eager = dict(got["ddtree15-8b-eagerverify"].env)
-    assert eager["SGLANG_DDTREE_VERIFY_GRAPH"] == "0"
-    assert "SGLANG_DDTREE_TREE_ATTENTION" not in eager
-    assert "SGLANG_DDTREE_VERIFY_GRAPH" not in dict(got["ddtree15-8b"].env)
+    # the plugin's verify changes are opt-in (plugin 0.3.2): each server names both switches
+    switches = {name: {k: v for k, v in s.env if k in (
+        "SGLANG_DDTREE_TREE_ATTENTION", "SGLANG_DDTREE_VERIFY_GRAPH")}
+        for name, s in got.items() if s.algorithm == "ddtree"}
+    assert switches == {
+        "ddtree15-8b": {"SGLANG_DDTREE_TREE_ATTENTION": "1", "SGLANG_DDTREE_VERIFY_GRAPH": "1"},
+        "ddtree31-8b": {"SGLANG_DDTREE_TREE_ATTENTION": "1", "SGLANG_DDTREE_VERIFY_GRAPH": "1"},
+        "ddtree15-8b-prev": {"SGLANG_DDTREE_TREE_ATTENTION": "0",
+                             "SGLANG_DDTREE_VERIFY_GRAPH": "0"},
+        "ddtree15-8b-eagerverify": {"SGLANG_DDTREE_TREE_ATTENTION": "1",
+                                    "SGLANG_DDTREE_VERIFY_GRAPH": "0"},
+        "ddtree15-8b-extendattn": {"SGLANG_DDTREE_TREE_ATTENTION": "0",
+                                   "SGLANG_DDTREE_VERIFY_GRAPH": "1"}}
+    # ... and every switch reaches the unit the tool renders
+    dep = replace(got["ddtree15-8b"], sglang="0.5.17").deployment("torch")
+    assert dep["environment"]["SGLANG_DDTREE_TREE_ATTENTION"] == "1"
+    assert dep["environment"]["SGLANG_DDTREE_VERIFY_GRAPH"] == "1"
     for name in ("ddtree15-8b-prev", "ddtree15-8b-eagerverify"):
         dep = replace(got[name], sglang="0.5.17").deployment("torch")
         assert dep["sglang"] == {"version": "0.5.17"} and dep["ddtree"]["budget"] == 15
@@ -252,8 +266,13 @@ def test_the_table_names_the_release_and_the_plugins_ab() -> None:
     text = perf8b_table.render(doc, "final call")
     assert "; 3 (of 5 asked) alternating rounds" in text.splitlines()[0]
     assert "; SGLang 0.5.17 + the plugin" in text.splitlines()[0]
-    assert "`ddtree15-8b-prev`: the plugin before its verify changes" in text
+    assert "`ddtree15-8b-prev`: the plugin's default, as before its verify changes" in text
     assert "`ddtree15-8b-eagerverify`" not in text
+    # the servers whose switches differ by form: said for the plugin, not for the patch set
+    doc["perf8b"]["timings"]["ddtree15-8b"] = doc["perf8b"]["timings"]["dflash-8b"]
+    assert "`ddtree15-8b`: both opted in (SGLANG_DDTREE_TREE_ATTENTION=1" in \
+        perf8b_table.render(doc, "final call")
+    assert "`ddtree15-8b`:" not in perf8b_table.render({**doc, "sglang": "0.5.11"}, "call")
     doc["perf8b"]["timings"]["ddtree31-8b"] = {"failed": ["HTTP 500"], "batch1": {
         "round_ms_median": None, "tok_s_median": None, "rounds_done": 0}}
     text = perf8b_table.render(doc, "final call")

@@ -402,3 +402,34 @@ def test_faults_reach_the_plugin_forms_modules(tmp_path: Path, fault: str, modul
         assert (clean_allowed, allowed) == (3, 5)  # slot i also sees slot i + 1
     elif fault == "greedy-follow":
         assert clean_share < 0.8 and share == 1.0
+
+
+def test_on_the_plugin_form_the_lossless_checks_run_the_opt_ins_and_one_server_the_default(
+        tmp_path: Path) -> None:
+    from rehearsal import phases, servers
+
+    switches = ("SGLANG_DDTREE_TREE_ATTENTION", "SGLANG_DDTREE_VERIFY_GRAPH")
+    for phase in ("correctness", "request-params"):
+        patch_set = {s.name: s for s in run._servers(phase)}
+        plugin = {s.name: s for s in run._servers(phase, sglang="0.5.17")}
+        assert plugin.keys() == patch_set.keys()
+        assert not any(k in switches for s in patch_set.values() for k, _ in s.env)
+        for name, s in plugin.items():
+            if s.algorithm != "ddtree" or name in servers.PLUGIN_DEFAULT:
+                assert s == patch_set[name]  # the plugin's default: nothing set
+                continue
+            assert s.env == (*patch_set[name].env, *servers.PLUGIN_OPT_INS)
+            unit = hosts_file(s, "/venv", tmp_path).read_text()  # what the tool renders from
+            assert "SGLANG_DDTREE_TREE_ATTENTION: '1'" in unit
+            assert "SGLANG_DDTREE_VERIFY_GRAPH: '1'" in unit
+    # one DDTREE server of correctness checks the default against the same references
+    assert {s.name for s in run._servers("correctness", sglang="0.5.17")
+            if s.algorithm == "ddtree" and not set(switches) & {k for k, _ in s.env}} == \
+        {"ddtree31-ladder"}
+    both = phases.union(phases.parse("correctness,request-params"),  # type: ignore[arg-type]
+                        lambda p: run._servers(p, sglang="0.5.17"))
+    assert not isinstance(both, str) and len(both) == 18
+    # a server that names a switch itself keeps its own value
+    own = Server("x", "/m", "ddtree", 15, 8, env=(("SGLANG_DDTREE_VERIFY_GRAPH", "0"),))
+    assert servers.opted_in([own], "0.5.17")[0].env == (
+        ("SGLANG_DDTREE_VERIFY_GRAPH", "0"), ("SGLANG_DDTREE_TREE_ATTENTION", "1"))
