@@ -458,3 +458,26 @@ def test_the_gpu_rehearsal_reads_the_document(monkeypatch: pytest.MonkeyPatch) -
         "error": "boom"}
     assert results_of("", "ssh: connection refused") == {"error": "ssh: connection refused"}
     assert results_of("not json") == {"error": "not json"}
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+def test_json_escapes_a_hosts_c1_and_bidi_controls(terminal: bool) -> None:
+    """Host text (a journal line, a log tail) under --json: its C0/C1 controls, DEL and
+    bidirectional overrides come out as JSON escapes, on a terminal as in a pipe, and the
+    document still reads back to the same text. Before the fix a terminal got rich's
+    print_json (ensure_ascii=False): U+009B (the 8-bit CSI) and U+202E reached it raw."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from ddtree_deploy.cli.common import print_results
+
+    line = "journal \u009b2J \x1b[31m \x7f \u202egnp.exe \u2028 \u2066"
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=terminal, color_system=None)
+    print_results(con, {"lines": [line]})
+    out = buf.getvalue()
+    for raw in ("\u009b", "\x1b", "\x7f", "\u202e", "\u2028", "\u2066"):
+        assert raw not in out
+    assert json.loads(out)["results"] == {"lines": [line]}

@@ -130,12 +130,21 @@ def print_results(con: Console, results: object, code: int = 0) -> None:
     """Under --json: the command's results in the one success document (cli/errdoc.py,
     docs/json.md), then exit with `code` when it is not 0, so the document's exit_code is
     always the process's. Plain text when stdout is a pipe or a file (fast, nothing to strip),
-    highlighted by rich on a terminal. `results` is a JSON-able value."""
+    highlighted by rich on a terminal. `results` is a JSON-able value.
+
+    Both paths print the same ASCII text (errdoc.dumps): a host's controls (ESC, the 8-bit
+    CSI U+009B, DEL) and bidirectional overrides (U+202E) come out as JSON escapes, never
+    raw (cli/text.py's promise). rich's print_json is not used: it dumps with
+    ensure_ascii=False."""
     from ddtree_deploy.cli import errdoc
 
     value = errdoc.success(results, code)
     if is_tty(con):
-        con.print_json(data=value)
+        from rich.highlighter import JSONHighlighter
+
+        text = JSONHighlighter()(errdoc.dumps(value).rstrip("\n"))
+        text.no_wrap, text.overflow = True, None
+        con.print(text, soft_wrap=True)
     else:
         stream = raw_stream(con)
         stream.write(errdoc.dumps(value))

@@ -67,4 +67,6 @@ def of_usage(exc: Any) -> dict[str, Any]:
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2) + "\n"
+    """The document as printed: ASCII only (ensure_ascii), so every control character and
+    bidirectional override in host text is a ``\\uNNNN`` escape, never raw."""
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
