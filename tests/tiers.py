@@ -60,7 +60,7 @@ INTEGRATION_MODULES = frozenset({
     "test_packaging.py", "test_payload_cli.py", "test_payload_deploy.py", "test_payload_hostile.py",
     "test_payload_integration.py", "test_payload_plugin.py", "test_payload_upgrade.py",
     "test_plugin_releases.py",
-    "test_payload_writes.py",
+    "test_payload_writes.py", "test_payload_plugin_writes.py",
     "test_probe_nvml.py",
     "test_probe_run.py", "test_quoting.py", "test_remote_bundle.py", "test_remote_runner.py",
     "test_standin_nvidia_smi.py", "test_standin_server.py", "test_standin_wheels.py",

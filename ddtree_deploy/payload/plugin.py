@@ -13,6 +13,7 @@ uninstalls the distribution and drops the state.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -45,6 +46,7 @@ class Wheel:
     version: str
     sha256: str
     entry_points: tuple[str, ...]  # "name = value" lines of GROUP
+    members: tuple[str, ...] = ()  # its files, as paths inside site-packages
 
     @property
     def identity(self) -> tuple[str, str, str]:
@@ -73,7 +75,8 @@ def _read_wheel(path: Path) -> Wheel:
     if not points:
         raise ConfigError(f"{path}: the wheel has no {GROUP} entry point")
     return Wheel(path, fields.get("Name", "").strip(), fields.get("Version", "").strip(),
-                 hashlib.sha256(path.read_bytes()).hexdigest(), tuple(points))
+                 hashlib.sha256(path.read_bytes()).hexdigest(), tuple(points),
+                 tuple(n for n in names if not n.endswith("/")))
 
 
 def build_wheel(folder: Path, out: Path | None = None) -> Wheel:
@@ -128,13 +131,15 @@ def _run(t: ExecTransport, argv: list[str], what: str) -> None:
 
 def install(t: ExecTransport, venv: str, wheel: Wheel, lock: VenvLock, sglang: str,
             installer: Installer = "auto", find_uv: FindUv | None = None) -> str:
-    """The wheel into the venv, then the state recorded by the host. Returns the installer."""
+    """The wheel into the venv, then the state recorded by the host. Returns the installer.
+    The host notes first what the install may add (plugin_stage); an install that fails is
+    undone from that note (plugin_undo), one cut short by a kill by the next lock's holder."""
     staged = call(t, venv, "plugin_stage", package="sglang", lock=lock.token,
-                  name=wheel.path.name)["path"]
-    with wheel.path.open("rb") as src:
-        t.put_stream(src, staged, mode=0o644)
-    kind, argv = _installer(t, venv, installer, find_uv)
+                  name=wheel.path.name, adds=list(wheel.members))["path"]
     try:
+        with wheel.path.open("rb") as src:
+            t.put_stream(src, staged, mode=0o644)
+        kind, argv = _installer(t, venv, installer, find_uv)
         if kind == "uv":
             _run(t, [*argv, "install", "--python", python_of(venv), "--no-deps", "--no-index",
                      "--no-cache", "--reinstall", staged], "uv pip install of the plugin")
@@ -142,6 +147,9 @@ def install(t: ExecTransport, venv: str, wheel: Wheel, lock: VenvLock, sglang: s
             _run(t, [*argv, "install", "--no-index", "--no-deps", "--force-reinstall",
                      "--no-cache-dir", "--disable-pip-version-check", staged],
                  "pip install of the plugin")
+    except DeployError:
+        _undo(t, venv, lock)
+        raise
     finally:
         t.run(Command.of("rm", "-f", "--", staged), timeout=60)
     dist, version, digest = wheel.identity
@@ -151,6 +159,13 @@ def install(t: ExecTransport, venv: str, wheel: Wheel, lock: VenvLock, sglang: s
     call(t, venv, "plugin_record", package="sglang", lock=lock.token, state=state, dist=dist,
          dist_version=version)
     return kind
+
+
+def _undo(t: ExecTransport, venv: str, lock: VenvLock) -> None:
+    """What a failed install added taken off again; where that fails too, its note stays and
+    the next holder of the venv's lock undoes it (the error of the install is the one said)."""
+    with contextlib.suppress(DeployError):
+        call(t, venv, "plugin_undo", package="sglang", lock=lock.token)
 
 
 def remove(t: ExecTransport, venv: str, dist: str, lock: VenvLock,

@@ -61,7 +61,13 @@ from ddtree_deploy.remote.payload_fs import (
     sweep_temporaries,
     write_atomic,
 )
-from ddtree_deploy.remote.payload_plugin import PLUGIN_OPS, dist_info, plugin_facts, record
+from ddtree_deploy.remote.payload_plugin import (
+    PLUGIN_OPS,
+    dist_info,
+    plugin_facts,
+    record,
+    undo_plugin,
+)
 from ddtree_deploy.remote.payload_venv import Venv
 
 MAX_REQUEST = 256 << 20
@@ -246,6 +252,8 @@ def recover(v):
     note = v.pending()
     if note is None:
         return None
+    if note.get("form") == "plugin":
+        return undo_plugin(v, note)
     if note.get("form") != "patch":
         v.clear_pending()
         return "a note of an unknown install was dropped"

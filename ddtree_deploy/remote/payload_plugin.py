@@ -4,11 +4,16 @@ its wheel with uv (or the venv's own pip, `--no-index --no-deps`) and these ops 
 what that left, so nothing here writes into site-packages: the installer does, and only the
 plugin's own distribution.
 
-  plugin_stage  -- (locked) the path in the state folder where the wheel is put;
+  plugin_stage  -- (locked) the path in the state folder where the wheel is put, and a note
+                   (pending.json, form "plugin") of what the install may add: the wheel's paths
+                   absent now and the staged wheel;
+  plugin_undo   -- (locked) an install that failed undone from that note: what it added
+                   removed (the folders it created whole), the staged wheel too; the lock's
+                   `hold` does the same for an install cut short by a kill (undo_plugin);
   plugin_facts  -- (in locate) the plugin distribution's version, the entry points of the group
                    (every distribution's), its files with their sha256 now and in its RECORD;
-  plugin_record -- (locked) check the installed distribution is the one asked for, then write
-                   the state (form "plugin", each file's sha256); nothing else is written;
+  plugin_record -- (locked) check the installed distribution is the one asked for, drop the
+                   note, then write the state (form "plugin", each file's sha256);
   plugin_forget -- (locked) drop the state once the distribution is gone;
   sglang_intact -- every file of a distribution's RECORD compared with the hash there.
 """
@@ -18,12 +23,15 @@ import csv
 import io
 import json
 import os
+import shutil
 
 from ddtree_deploy.remote.payload_fs import (
     MAX_DOC,
     MAX_FILE,
     NAME,
     Refused,
+    clear_pycache,
+    inside,
     read_small,
     rel_ok,
     sha,
@@ -134,18 +142,95 @@ def op_plugin_record(req):
         files[rel] = have
     state.update({"package_dir": v.purelib, "files": files, "backup": None})
     v.ensure_state_dir()
+    v.clear_pending()  # the install is whole: a kill from here on leaves it, never undoes it
     write_atomic(v.state_path, json.dumps(state, indent=1).encode())
     return {"files": len(files)}
 
 
+def _absent(purelib, rels):
+    """Of the wheel's paths `rels`: the files absent now, and the top-most absent folder above
+    each (what an install would create whole)."""
+    files, dirs = set(), set()
+    for rel in rels:
+        if not isinstance(rel, str):
+            continue
+        try:
+            rel = rel_ok(rel)
+        except Refused:
+            continue
+        if os.path.lexists(os.path.join(purelib, rel)):
+            continue
+        parts = rel.split("/")
+        top = next((i for i in range(1, len(parts))
+                    if not os.path.lexists(os.path.join(purelib, *parts[:i]))), None)
+        if top is None:
+            files.add(rel)
+        else:
+            dirs.add("/".join(parts[:top]))
+    return sorted(files), sorted(dirs)
+
+
 def op_plugin_stage(req):
-    """(locked) Where the workstation puts the wheel: in the venv's state folder."""
+    """(locked) Where the workstation puts the wheel: in the venv's state folder; the note of
+    what the install may add is written first."""
     v = Venv("sglang", req["venv"])
     v.check_lock(req.get("lock"))
     name = req.get("name")
     if not isinstance(name, str) or not NAME.match(name) or not name.endswith(".whl"):
         raise Refused(f"{name!r} is not a wheel file name")
-    return {"path": os.path.join(v.ensure_state_dir(), name)}
+    rels = req.get("adds") or []
+    if not isinstance(rels, list):
+        raise Refused("adds is not a list")
+    files, dirs = _absent(v.purelib, rels)
+    state_dir = v.ensure_state_dir()
+    v.note_pending({"form": "plugin", "files": {}, "adds": files, "dirs": dirs, "staged": name})
+    return {"path": os.path.join(state_dir, name)}
+
+
+def undo_plugin(v, note):
+    """Remove what an install of the plugin added (its note: files and folders that were absent
+    before it) and the staged wheel, then drop the note. Returns what it says."""
+    purelib = os.path.realpath(v.purelib)
+    removed = 0
+    for rel in note.get("dirs") or []:
+        try:
+            path = os.path.join(purelib, rel_ok(rel))
+        except Refused:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path) and inside(path, purelib):
+            shutil.rmtree(path)
+            removed += 1
+    files = []
+    for rel in note.get("adds") or []:
+        try:
+            path = os.path.join(purelib, rel_ok(rel))
+        except Refused:
+            continue
+        if not inside(os.path.realpath(os.path.dirname(path)), purelib):
+            continue
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+            files.append(rel)
+            removed += 1
+    clear_pycache(purelib, files)
+    staged = note.get("staged")
+    if isinstance(staged, str) and NAME.match(staged) and staged.endswith(".whl"):
+        path = os.path.join(v.state_dir, staged)
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.unlink(path)
+    v.clear_pending()
+    return (f"an install of the plugin cut short was undone: {removed} file(s) or folder(s) "
+            "it added removed")
+
+
+def op_plugin_undo(req):
+    """(locked) Undo an install of the plugin that failed (see undo_plugin)."""
+    v = Venv("sglang", req["venv"])
+    v.check_lock(req.get("lock"))
+    note = v.pending()
+    if note is None or note.get("form") != "plugin":
+        return {"undone": None}
+    return {"undone": undo_plugin(v, note)}
 
 
 def op_plugin_forget(req):
@@ -175,4 +260,5 @@ def op_sglang_intact(req):
 
 
 PLUGIN_OPS = {"plugin_stage": op_plugin_stage, "plugin_record": op_plugin_record,
+              "plugin_undo": op_plugin_undo,
               "plugin_forget": op_plugin_forget, "sglang_intact": op_sglang_intact}
