@@ -291,7 +291,12 @@ FAKES = {
     "sglang.srt.observability.req_time_stats": {"monotonic_time": lambda: 0.0},
     "sglang.srt.runtime_context": {"get_observability": lambda: None},
     "sglang.srt.server_args": {"ServerArgs": type("ServerArgs", (), {})},  # not ours
+    "sglang.srt.parser.template_detection": {"detect_inline_system_support": lambda t: True},
 }
+# the names anthropic/serving.py and protocol.py import from openai/protocol.py (not ours)
+OPENAI_PROTOCOL = ("ChatCompletionRequest", "ChatCompletionResponse",
+                   "ChatCompletionStreamResponse", "ResponseFormat", "StreamOptions", "Tool",
+                   "ToolChoice", "ToolChoiceFuncName")
 
 
 @dataclasses.dataclass
@@ -320,7 +325,8 @@ def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     release = request.param
     for name in ("sglang", "sglang.srt", "sglang.srt.plugins", "sglang.srt.entrypoints",
                  "sglang.srt.entrypoints.openai", "sglang.srt.managers",
-                 "sglang.srt.observability"):
+                 "sglang.srt.observability", "sglang.srt.parser",
+                 "sglang.srt.entrypoints.anthropic"):
         package = types.ModuleType(name)
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
@@ -334,11 +340,19 @@ def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, io_struct.__name__, io_struct)
     protocol = types.ModuleType("sglang.srt.entrypoints.openai.protocol")
     protocol.ErrorResponse, protocol.OpenAIServingRequest = ErrorResponse, Any  # type: ignore[attr-defined]
+    for name in OPENAI_PROTOCOL:
+        setattr(protocol, name, type(name, (), {}))
+    from pydantic import BaseModel
+
+    protocol.PDRoutingFields = type("PDRoutingFields", (BaseModel,), {})  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, protocol.__name__, protocol)
     registry = _load("sglang.srt.plugins.hook_registry",
                      _source(release, "sglang/srt/plugins/hook_registry.py"), monkeypatch)
     base = _load("sglang.srt.entrypoints.openai.serving_base",
                  _source(release, "sglang/srt/entrypoints/openai/serving_base.py"), monkeypatch)
+    for name in ("protocol", "serving"):  # the release's Anthropic adapter (/v1/messages)
+        _load(f"sglang.srt.entrypoints.anthropic.{name}",
+              _source(release, f"sglang/srt/entrypoints/anthropic/{name}.py"), monkeypatch)
     started: list[Any] = []
 
     def serving_class(name: str) -> type:
@@ -350,6 +364,7 @@ def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
             return "stream started"
 
         async def plain(self: Any, adapted: Any, processed: Any, raw: Any) -> str:
+            started.append("served")
             return "served"
 
         return type(name, (base.OpenAIServingBase,), {
@@ -392,9 +407,55 @@ def test_v1_refusals_are_a_400_from_the_real_handle_request_before_any_stream(
                                                            else "served")
         assert _handle(cls, "DFLASH", stream, REFUSED[0][1]) == ("stream started" if stream
                                                                  else "served")
-    assert len(serving.started) == (4 if stream else 0)  # neutral + DFLASH, two classes
+    assert len(serving.started) == 4  # neutral + DFLASH, two classes
     http_admission.hook_serving("DDTREE")  # again (a second manager): one hook per target
     assert all(len(serving.registry._hooks[t]) == 1 for t in http_admission.SERVING_TARGETS)
+
+
+def _messages(serving: Any, algorithm: str, stream: bool, fields: dict[str, Any]) -> Any:
+    """The release's real ``AnthropicServing`` handler (/v1/messages, after its own conversion
+    of the Anthropic request to a chat request) over the chat serving class."""
+    adapter = sys.modules["sglang.srt.entrypoints.anthropic.serving"].AnthropicServing
+    tm = manager(algorithm)
+    tm.create_abort_task = lambda adapted: None
+    anthropic = adapter.__new__(adapter)
+    anthropic.openai_serving_chat = serving.classes["OpenAIServingChat"](tm)
+    chat = types.SimpleNamespace(stream=stream, fields=fields)
+    handler = anthropic._handle_streaming if stream else anthropic._handle_non_streaming
+    return asyncio.run(handler(chat, types.SimpleNamespace(stream=stream), None))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_v1_messages_refusals_are_the_adapters_400_naming_ddtree(serving: Any,
+                                                                 stream: bool) -> None:
+    """Anthropic's adapter calls the chat conversion inside ``except Exception`` (a 500
+    "Internal server error" up to 0.5.21): the refusal is its 400 invalid_request_error."""
+    http_admission.hook_serving("DDTREE")
+    assert set(http_admission.ANTHROPIC_TARGETS) <= serving.registry._patched
+    for name, fields in REFUSED:
+        got = _messages(serving, "DDTREE", stream, fields)
+        assert got.status_code == 400, (serving.release, name)
+        doc = json.loads(got.body)
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
+        assert doc["error"]["message"].startswith(f"DDTREE speculative decoding refuses {name}=")
+    assert serving.started == []
+    neutral = _messages(serving, "DDTREE", stream, NEUTRAL)
+    dflash = _messages(serving, "DFLASH", stream, REFUSED[0][1])
+    if stream:
+        assert neutral.media_type == dflash.media_type == "text/event-stream"
+    assert len(serving.started) == (0 if stream else 2)  # the stream's body runs when read
+
+
+def test_v1_messages_without_the_around_hooks_a_refusal_was_a_500_up_to_0_5_21(
+        serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The regression the AROUND hooks fix: only the conversion hook, as plugin 0.3.2 had."""
+    monkeypatch.setattr(http_admission, "ANTHROPIC_TARGETS", ())
+    http_admission.hook_serving("DDTREE")
+    for stream in (True, False):
+        got = _messages(serving, "DDTREE", stream, REFUSED[0][1])
+        old = serving.release in ("0.5.17", "0.5.19", "0.5.21")
+        assert got.status_code == (500 if old else 400)
+        assert ("DDTREE" in json.loads(got.body)["error"]["message"]) is not old
 
 
 def test_v1_without_the_hooks_a_stream_would_start(serving: Any) -> None:

@@ -12,7 +12,12 @@ streamed requests earlier, the same rules (``ddtree.admission``) on the same req
   own errors (``{"error": {"message": ...}}``) before the route runs;
 * ``/v1/completions`` and ``/v1/chat/completions``: an AFTER hook (SGLang's ``HookRegistry``) on
   each serving class's ``_convert_to_internal_request``, which ``OpenAIServingBase.handle_request``
-  calls before it branches on ``stream``; a ``ValueError`` there is its HTTP 400.
+  calls before it branches on ``stream``; a ``ValueError`` there is its HTTP 400;
+* ``/v1/messages`` (SGLang's Anthropic adapter): it calls the chat class's conversion (with the
+  hook above) inside ``except Exception``, which answers 500 "Internal server error" (0.5.17 to
+  0.5.21); an AROUND hook on ``AnthropicServing._handle_non_streaming`` and
+  ``_handle_streaming`` turns a refusal raised in that call into the adapter's own 400
+  ``invalid_request_error`` naming the parameter, before any stream starts.
 
 :func:`install` runs in the process that serves HTTP, once its ``TokenizerManager`` exists and
 before the app starts (``admission_hook`` calls it from ``TokenizerManager.__init__``), and only
@@ -22,6 +27,7 @@ on a DDTREE server. Where it cannot install all of this it raises: the server do
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -35,6 +41,10 @@ SERVING_TARGETS = (
     "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion"
     "._convert_to_internal_request",
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._convert_to_internal_request",
+)
+ANTHROPIC_TARGETS = (
+    "sglang.srt.entrypoints.anthropic.serving.AnthropicServing._handle_non_streaming",
+    "sglang.srt.entrypoints.anthropic.serving.AnthropicServing._handle_streaming",
 )
 GENERATE = "/generate"
 
@@ -168,32 +178,73 @@ def add_middleware(app: Any, request_cls: type) -> None:
     listed.append(Middleware(StreamAdmission, request_cls=request_cls))
 
 
-def serving_hook(name: str) -> Callable[..., Any]:
+Seen = contextvars.ContextVar[list[Exception] | None]
+
+
+def serving_hook(name: str, seen: Seen) -> Callable[..., Any]:
     """AFTER hook on ``_convert_to_internal_request``: the adapted ``GenerateReqInput``
-    through the same rules, before ``handle_request`` starts a stream."""
+    through the same rules, before ``handle_request`` starts a stream. A refusal is also noted
+    in ``seen`` (set by :func:`anthropic_hook` around a caller that would hide it)."""
+    from ddtree.admission import Refused
+
     from ddtree_sglang.admission_hook import make_hook
 
     check = make_hook(name)
 
     def after(result: Any, serving: Any, *args: Any, **kwargs: Any) -> None:
         adapted = result[0] if isinstance(result, tuple) and result else None
-        check(getattr(serving, "tokenizer_manager", None), adapted)
+        try:
+            check(getattr(serving, "tokenizer_manager", None), adapted)
+        except Refused as exc:
+            noted = seen.get()
+            if noted is not None:
+                noted.append(exc)
+            raise
         return None
 
     after.ddtree_admission = name  # type: ignore[attr-defined]
     return after
 
 
+def anthropic_hook(name: str, seen: Seen) -> Callable[..., Any]:
+    """AROUND hook on the Anthropic adapter's two handlers: a refusal its conversion call raised
+    (which the adapter answers 500 "Internal server error") is answered as the adapter answers a
+    bad request: HTTP 400, ``{"type": "error", "error": {"type": "invalid_request_error",
+    "message": ...}}``."""
+
+    def around(original: Callable[..., Any], serving: Any, *args: Any, **kwargs: Any) -> Any:
+        async def handle() -> Any:
+            noted: list[Exception] = []
+            token = seen.set(noted)
+            try:
+                result = await original(serving, *args, **kwargs)
+            finally:
+                seen.reset(token)
+            if noted:
+                return serving._error_response(status_code=400,
+                                               error_type="invalid_request_error",
+                                               message=str(noted[0]))
+            return result
+
+        return handle()
+
+    around.ddtree_admission = name  # type: ignore[attr-defined]
+    return around
+
+
 def hook_serving(name: str) -> None:
     """Register and apply the serving hooks (``HookRegistry``); raise where one is not applied."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target in SERVING_TARGETS:
-        hooks = HookRegistry._hooks.get(target, [])
-        if not any(getattr(entry[1], "ddtree_admission", None) == name for entry in hooks):
-            HookRegistry.register(target, serving_hook(name), HookType.AFTER)
+    seen: Seen = contextvars.ContextVar(f"{name}_refused", default=None)
+    hooks = [(t, serving_hook, HookType.AFTER) for t in SERVING_TARGETS]
+    hooks += [(t, anthropic_hook, HookType.AROUND) for t in ANTHROPIC_TARGETS]
+    for target, make, kind in hooks:
+        listed = HookRegistry._hooks.get(target, [])
+        if not any(getattr(entry[1], "ddtree_admission", None) == name for entry in listed):
+            HookRegistry.register(target, make(name, seen), kind)
     HookRegistry.apply_hooks()
-    missing = [t for t in SERVING_TARGETS if t not in HookRegistry._patched]
+    missing = [t for t, _, _ in hooks if t not in HookRegistry._patched]
     if missing:
         raise NotInstalled(f"SGLang's hooks were not applied to {', '.join(missing)}")
 
@@ -215,5 +266,6 @@ def install(name: str) -> bool:
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise NotInstalled(f"{type(exc).__name__}: {exc}") from exc
     logger.info("%s: streamed requests are admitted before the stream starts (/generate: "
-                "middleware; /v1/completions, /v1/chat/completions: request conversion).", name)
+                "middleware; /v1/completions, /v1/chat/completions, /v1/messages: request "
+                "conversion).", name)
     return True
