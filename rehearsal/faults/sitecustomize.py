@@ -15,7 +15,7 @@ function as soon as its module is loaded, before any other module imports it by 
   ignores them (payload 0.2.2: its penalizer is never advanced); the phase must fail it.
 
 (An A/B of the payload itself, e.g. its round graphs off, is a server environment variable:
-``rehearsal/run.py`` EAGER_ROUND.)
+``rehearsal/lineup.py`` EAGER_ROUND.)
 """
 
 from __future__ import annotations
