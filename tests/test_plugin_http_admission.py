@@ -84,18 +84,33 @@ def _source(release: str, path: str) -> str:
 
 @functools.cache
 def real_request_class(release: str) -> type:
-    """The release's ``GenerateReqInput``, compiled from its io_struct.py alone."""
+    """The release's ``GenerateReqInput``, compiled from its io_struct.py alone, in a module of
+    its own so that pydantic resolves its annotations as FastAPI does: typing's names, pydantic's
+    PlainValidator, the release's own field_validators.py; SGLang's enums and multimodal input
+    types (torch, PIL) stand as ``Any``."""
     tree = ast.parse(_source(release, "sglang/srt/managers/io_struct.py"))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GenerateReqInput")
+    import typing
     import uuid
     from collections import Counter
 
-    scope: dict[str, Any] = {"dataclass": dataclasses.dataclass, "field": dataclasses.field,
-                             "uuid": uuid, "Counter": Counter, "__name__": __name__}
-    module = ast.Module(body=[ast.ImportFrom(module="__future__", names=[
+    import pydantic
+
+    module = types.ModuleType(f"io_struct_{release.replace('.', '_')}")
+    sys.modules[module.__name__] = module
+    validators = _source(release, "sglang/srt/utils/field_validators.py")
+    exec(compile(validators, "field_validators.py", "exec"), module.__dict__)
+    module.__dict__.update({name: getattr(typing, name) for name in typing.__all__})
+    module.__dict__.update({"dataclass": dataclasses.dataclass, "field": dataclasses.field,
+                            "uuid": uuid, "Counter": Counter,
+                            "PlainValidator": pydantic.PlainValidator})
+    module.__dict__.update(dict.fromkeys(
+        ("Modality", "MultimodalDataInputFormat", "ReturnHiddenStatesMode",
+         "SamplingLogprobsMode", "KvHintsEnvelope"), Any))
+    code = ast.Module(body=[ast.ImportFrom(module="__future__", names=[
         ast.alias(name="annotations")], level=0), cls], type_ignores=[])
-    exec(compile(ast.fix_missing_locations(module), "io_struct.py", "exec"), scope)
-    return scope["GenerateReqInput"]  # type: ignore[no-any-return]
+    exec(compile(ast.fix_missing_locations(code), "io_struct.py", "exec"), module.__dict__)
+    return module.GenerateReqInput  # type: ignore[no-any-return]
 
 
 def manager(algorithm: str) -> types.SimpleNamespace:
@@ -105,22 +120,28 @@ def manager(algorithm: str) -> types.SimpleNamespace:
 # ---- /generate: the middleware in a real FastAPI app with SGLang's route shape -------------
 
 def sglang_shaped_app(web: Any, request_cls: type, algorithm: str) -> Any:
-    """/generate as SGLang 0.5.17-0.5.23 serve it (http_server.generate_request): a streamed
-    request's tokenizer-manager call (with the plugin's BEFORE hook) runs inside the stream; a
-    ValueError there is an SSE error event after HTTP 200, before it SGLang's 400 body."""
+    """/generate as SGLang 0.5.17-0.5.23 serve it (http_server.generate_request): the body
+    validated into the request class as FastAPI does (pydantic; 422 when invalid), a streamed
+    request's tokenizer-manager call (with the plugin's BEFORE hook) inside the stream; a
+    ValueError there is an SSE error event after HTTP 200, before it SGLang's 400 body. And
+    /vertex_generate (http_server.vertex_generate), which builds the request from ``instances``
+    and ``parameters`` and calls /generate's handler directly. ``app.state.reached`` lists the
+    bodies the routes got."""
+    from pydantic import TypeAdapter, ValidationError
+
     app = web.FastAPI()
     app.add_middleware(web.CORSMiddleware, allow_origins=["*"])
     check = admission_hook.make_hook("DDTREE")
     tm = manager(algorithm)
-    names = {f.name for f in dataclasses.fields(request_cls)}
+    adapter = TypeAdapter(request_cls)
+    app.state.reached = []
 
     async def tokens(obj: Any) -> Any:
         check(tm, obj)
         for i in range(3):
             yield {"output_ids": list(range(i + 1)), "echo": obj.sampling_params}
 
-    async def generate_request(request: Any) -> Any:
-        obj = request_cls(**{k: v for k, v in (await request.json()).items() if k in names})
+    async def serve(obj: Any) -> Any:
         if obj.stream:
             async def stream_results() -> Any:
                 try:
@@ -136,7 +157,24 @@ def sglang_shaped_app(web: Any, request_cls: type, algorithm: str) -> Any:
         except ValueError as e:
             return web.JSONResponse({"error": {"message": str(e)}}, status_code=400)
 
+    async def generate_request(request: Any) -> Any:
+        body = await request.body()
+        app.state.reached.append(body)
+        try:
+            obj = adapter.validate_json(body)
+        except ValidationError as e:
+            return web.JSONResponse({"detail": str(e)}, status_code=422)
+        return await serve(obj)
+
+    async def vertex_generate(request: Any) -> Any:
+        doc = await request.json()
+        app.state.reached.append(doc)
+        instances = doc["instances"]
+        inputs = {"input_ids": [i.get("input_ids") for i in instances]}
+        return await serve(request_cls(**inputs, image_data=None, **(doc["parameters"] or {})))
+
     app.add_route("/generate", generate_request, methods=["POST", "PUT"])
+    app.add_route("/vertex_generate", vertex_generate, methods=["POST"], name="vertex_generate")
     return app
 
 
@@ -210,8 +248,9 @@ def test_neutral_streams_and_plain_requests_pass_through_unchanged(http_process:
     # not streamed: SGLang's own path refuses it (the tokenizer manager's hook), still a 400
     plain = post(app, {"input_ids": [1], "stream": False, **REFUSED[0][1]})
     assert plain.status_code == 400 and "frequency_penalty" in plain.json()["error"]["message"]
-    # a body that is not JSON is handed to the route (which fails on it itself)
-    assert asyncio.run(_raw(app, b"{not json")) == 500
+    # a body that is not JSON is handed to the route, which answers it itself (FastAPI: 422)
+    assert asyncio.run(_raw(app, b"{not json")) == 422
+    assert app.state.reached[-1] == b"{not json"
 
 
 async def _raw(app: Any, data: bytes) -> int:
@@ -220,6 +259,61 @@ async def _raw(app: Any, data: bytes) -> int:
         got = await client.post("/generate", content=data,
                                 headers={"content-type": "application/json"})
     return got.status_code
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_a_streamed_vertex_generate_request_ddtree_refuses_is_a_400_before_the_stream(
+        http_process: Any, release: str) -> None:
+    """/vertex_generate calls /generate's handler itself, past the /generate path: 0.3.2's
+    middleware let its stream start (HTTP 200, then an error event)."""
+    app, _ = http_process(release)
+    for name, fields in REFUSED:
+        parameters = {"stream": True, **fields}
+        got = post(app, {"instances": [{"input_ids": [1, 2]}], "parameters": parameters},
+                   "/vertex_generate")
+        assert got.status_code == 400 and "data:" not in got.text, (release, name)
+        assert got.json()["error"]["message"].startswith(
+            f"DDTREE speculative decoding refuses {name}=")
+    assert app.state.reached == []
+    neutral = post(app, {"instances": [{"input_ids": [1]}],
+                         "parameters": {"stream": True, **NEUTRAL}}, "/vertex_generate")
+    assert neutral.status_code == 200 and neutral.text.count("data: ") == 4
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_the_middleware_judges_the_request_fastapi_builds_not_the_raw_json(
+        http_process: Any, release: str) -> None:
+    """pydantic reads "false" as False: the route serves return_logprob="false" (not set),
+    streamed as it does unstreamed; 0.3.2's middleware refused it streamed only."""
+    app, _ = http_process(release)
+    body = {"input_ids": [1], "return_logprob": "false"}
+    plain = post(app, {**body, "stream": False})
+    streamed = post(app, {**body, "stream": True})
+    assert plain.status_code == 200 and streamed.status_code == 200
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    refused = post(app, {**body, "return_logprob": "true", "stream": "true"})
+    assert refused.status_code == 400 and "return_logprob=True" in refused.text
+    invalid = post(app, {"input_ids": [1], "stream": True, "return_logprob": "maybe"})
+    assert invalid.status_code == 422  # the route's own answer to a body it cannot validate
+
+
+def test_a_body_nested_too_deep_is_handed_to_the_route(http_process: Any) -> None:
+    """json.loads raises RecursionError on b"[" * 200000: 0.3.2's middleware crashed on it."""
+    app, _ = http_process("0.5.17")
+    assert asyncio.run(_raw(app, b"[" * 200000)) == 422
+    assert app.state.reached == [b"[" * 200000]
+
+
+def test_a_deeply_nested_field_is_decided_without_recursion() -> None:
+    from ddtree.admission import Refused, check_request
+
+    unset: Any = [None]
+    set_: Any = [1]
+    for _ in range(5000):
+        unset, set_ = [unset], [set_]
+    check_request({"image_data": unset}, {})  # unset at any depth: passes
+    with pytest.raises(Refused, match="refuses image_data=<a list nested too deep to show>"):
+        check_request({"image_data": set_}, {})
 
 
 def test_other_algorithms_get_no_middleware_and_stream_as_before(http_process: Any) -> None:
@@ -281,6 +375,15 @@ def test_the_real_generate_route_calls_the_tokenizer_manager_inside_its_stream(
                and ast.unparse(n.value).startswith("FastAPI(") for n in tree.body)
     error = ast.unparse(funcs["_create_error_response"])
     assert "{'error': {'message': str(e)}}" in error
+    # FastAPI validates /generate's body into GenerateReqInput (what the middleware builds)
+    assert ast.unparse(route.args.args[0].annotation) == "GenerateReqInput"
+    # the Vertex route, by its function's name, builds the request and calls /generate's handler
+    vertex = ast.unparse(funcs["vertex_generate"])
+    assert "req = GenerateReqInput(**inputs, image_data=image_data, " \
+           "**vertex_req.parameters or {})" in vertex
+    assert "await generate_request(req, raw_request)" in vertex
+    assert "'AIP_PREDICT_ROUTE', '/vertex_generate'" in ast.unparse(
+        funcs["vertex_generate"].decorator_list[0])
 
 
 # ---- /v1: the real OpenAIServingBase.handle_request and HookRegistry of each release --------

@@ -40,7 +40,10 @@ class Refused(ValueError):
 
     def __init__(self, parameter: str, value: Any, why: str) -> None:
         self.parameter, self.value = parameter, value
-        shown = repr(value)
+        try:
+            shown = repr(value)
+        except RecursionError:
+            shown = f"<a {type(value).__name__} nested too deep to show>"
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         super().__init__(
             f"{ALGORITHM} speculative decoding refuses {parameter}={shown}: {why} "
@@ -49,14 +52,27 @@ class Refused(ValueError):
 
 
 def _off(value: Any) -> bool:
-    """Unset: None, False, 0, empty, or a batch list of such."""
-    if value is None or value is False or (not isinstance(value, bool) and value == 0):
-        return True
-    if isinstance(value, (list, tuple, dict, str)) and len(value) == 0:
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_off(v) for v in value)
-    return False
+    """Unset: None, False, 0, empty, or a batch list of such (nested to any depth: walked
+    without recursion, so a deeply nested value is decided, never a RecursionError)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if item is None or item is False or (not isinstance(item, bool) and _zero(item)):
+            continue
+        if isinstance(item, (list, tuple, dict, str)) and len(item) == 0:
+            continue
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+            continue
+        return False
+    return True
+
+
+def _zero(value: Any) -> bool:
+    try:
+        return bool(value == 0)
+    except (TypeError, ValueError, RecursionError):
+        return False  # a value that does not compare is not neutral
 
 
 def _equals(neutral: float) -> Callable[[Any], bool]:

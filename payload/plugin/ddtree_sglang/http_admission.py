@@ -6,10 +6,13 @@ different: SGLang's routes answer ``200 text/event-stream`` first and call the t
 inside the stream, so the refusal would arrive as an SSE ``error`` event. This module refuses
 streamed requests earlier, the same rules (``ddtree.admission``) on the same request fields:
 
-* ``/generate``: an ASGI middleware, the innermost one of SGLang's FastAPI ``app`` (after CORS,
-  decompression and the API key), reads the body of a streamed request, fills
-  ``GenerateReqInput``'s fields from it and answers 400 with the body ``/generate`` uses for its
-  own errors (``{"error": {"message": ...}}``) before the route runs;
+* ``/generate`` and ``/vertex_generate``: an ASGI middleware, the innermost one of SGLang's
+  FastAPI ``app`` (after CORS, decompression and the API key), reads the body, builds the
+  ``GenerateReqInput`` the route would (``/generate``: FastAPI's pydantic validation of the body;
+  the Vertex route: its own construction from ``instances`` and ``parameters``) and, for a
+  streamed one DDTREE refuses, answers 400 with the body ``/generate`` uses for its own errors
+  (``{"error": {"message": ...}}``) before the route runs. A body the route would not accept
+  (not JSON, nested too deep, failing validation) is handed on: the route answers it;
 * ``/v1/completions`` and ``/v1/chat/completions``: an AFTER hook (SGLang's ``HookRegistry``) on
   each serving class's ``_convert_to_internal_request``, which ``OpenAIServingBase.handle_request``
   calls before it branches on ``stream``; a ``ValueError`` there is its HTTP 400;
@@ -60,26 +63,6 @@ class NotInstalled(RuntimeError):
     """The HTTP admission cannot be installed in this process."""
 
 
-def body_fields(body: Any, request_cls: type) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The request's fields as ``/generate`` fills ``request_cls`` from a JSON body (keys that
-    are not fields are ignored, as SGLang's route ignores them), and the fields' defaults;
-    None for a body that is not a JSON object (the route answers that itself)."""
-    if not isinstance(body, dict):
-        return None
-    fields: dict[str, Any] = {}
-    defaults: dict[str, Any] = {}
-    for field in dataclasses.fields(request_cls):
-        if field.default is not dataclasses.MISSING:
-            defaults[field.name] = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            defaults[field.name] = field.default_factory()
-        if field.name in body:
-            fields[field.name] = body[field.name]
-        elif field.name in defaults:
-            fields[field.name] = defaults[field.name]
-    return fields, defaults
-
-
 def route_path(scope: Scope) -> str:
     path = str(scope.get("path", ""))
     root = str(scope.get("root_path", "") or "")
@@ -89,17 +72,20 @@ def route_path(scope: Scope) -> str:
 
 
 class StreamAdmission:
-    """ASGI middleware: a streamed ``POST|PUT /generate`` that DDTREE would serve differently
-    is answered 400 before SGLang's route runs; everything else passes untouched (the body it
-    read is handed on as it came)."""
+    """ASGI middleware: a streamed ``POST|PUT /generate`` (or ``POST`` to the Vertex route) that
+    DDTREE would serve differently is answered 400 before SGLang's route runs; everything else
+    passes untouched (the body it read is handed on as it came)."""
 
-    def __init__(self, app: Any, request_cls: type) -> None:
+    def __init__(self, app: Any, request_cls: type, adapter: Any, vertex: str | None) -> None:
         self.app = app
         self.request_cls = request_cls
+        self.adapter = adapter  # pydantic TypeAdapter(request_cls): what FastAPI builds
+        self.vertex = vertex
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = route_path(scope)
         if (scope.get("type") != "http" or scope.get("method") not in ("POST", "PUT")
-                or route_path(scope) != GENERATE):
+                or path not in (GENERATE, self.vertex)):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
@@ -113,29 +99,49 @@ class StreamAdmission:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        why = self.refusal(body) if other is None else None
+        why = self.refusal(path, body) if other is None else None
         if why is not None:
             await _answer_400(send, why)
             return
         await self.app(scope, _replay(body, other, receive), send)
 
-    def refusal(self, body: bytes) -> str | None:
+    def request(self, path: str, body: bytes) -> Any:
+        """The ``GenerateReqInput`` the route would build from ``body``, or None where the
+        route would answer the body itself (it raises: not JSON, too deep, invalid)."""
+        doc = json.loads(body)
+        if path == GENERATE:
+            return self.adapter.validate_python(doc)
+        if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list):
+            return None
+        instances, parameters = doc["instances"], doc.get("parameters") or {}
+        if not instances or not isinstance(parameters, dict):
+            return None
+        inputs = {}  # as SGLang's vertex_generate builds its request
+        for key in ("text", "input_ids", "input_embeds"):
+            if instances[0].get(key):
+                inputs[key] = [instance.get(key) for instance in instances]
+                break
+        images = [i.get("image_data") for i in instances if i.get("image_data") is not None]
+        return self.request_cls(**inputs, image_data=images or None, **parameters)
+
+    def refusal(self, path: str, body: bytes) -> str | None:
         """The refusal text for a streamed request DDTREE would serve differently, else None."""
         from ddtree.admission import Refused, check_request
 
+        from ddtree_sglang.admission_hook import request_fields
+
         try:
-            doc = json.loads(body)
-        except ValueError:
-            return None  # not JSON: SGLang's route answers it
-        if not isinstance(doc, dict) or not doc.get("stream"):
+            obj = self.request(path, body)
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return None  # the route answers it (its own error)
+        if obj is None or not dataclasses.is_dataclass(obj) or not getattr(obj, "stream", False):
             return None  # not streamed: refused by the tokenizer manager's hook, as a 400
-        got = body_fields(doc, self.request_cls)
-        if got is None:
-            return None
         try:
-            check_request(*got)
+            check_request(*request_fields(obj))
         except Refused as exc:
             return str(exc)
+        except RecursionError:
+            return None  # the tokenizer manager's hook still stands behind the route
         return None
 
 
@@ -163,9 +169,18 @@ async def _answer_400(send: Send, why: str) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
+def vertex_route(app: Any) -> str | None:
+    """The path SGLang serves ``vertex_generate`` on (``AIP_PREDICT_ROUTE``), if any."""
+    for route in getattr(app, "routes", []):
+        if getattr(route, "name", None) == "vertex_generate":
+            return str(getattr(route, "path", "")) or None
+    return None
+
+
 def add_middleware(app: Any, request_cls: type) -> None:
     """Put :class:`StreamAdmission` innermost in ``app``'s user middleware (Starlette builds the
     stack from ``user_middleware`` when the app first runs: too late once it has)."""
+    from pydantic import TypeAdapter
     from starlette.middleware import Middleware
 
     if getattr(app, "middleware_stack", None) is not None:
@@ -175,7 +190,12 @@ def add_middleware(app: Any, request_cls: type) -> None:
         raise NotInstalled("the HTTP app has no user_middleware list (not a Starlette app)")
     if any(getattr(m, "cls", None) is StreamAdmission for m in listed):
         return
-    listed.append(Middleware(StreamAdmission, request_cls=request_cls))
+    try:
+        adapter = TypeAdapter(request_cls)
+    except Exception as exc:  # pydantic's errors for a type it cannot build
+        raise NotInstalled(f"pydantic cannot validate {request_cls.__name__}: {exc}") from exc
+    listed.append(Middleware(StreamAdmission, request_cls=request_cls, adapter=adapter,
+                             vertex=vertex_route(app)))
 
 
 Seen = contextvars.ContextVar[list[Exception] | None]
@@ -265,7 +285,7 @@ def install(name: str) -> bool:
         hook_serving(name)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise NotInstalled(f"{type(exc).__name__}: {exc}") from exc
-    logger.info("%s: streamed requests are admitted before the stream starts (/generate: "
-                "middleware; /v1/completions, /v1/chat/completions, /v1/messages: request "
-                "conversion).", name)
+    logger.info("%s: streamed requests are admitted before the stream starts (/generate, "
+                "/vertex_generate: middleware; /v1/completions, /v1/chat/completions, "
+                "/v1/messages: request conversion).", name)
     return True
