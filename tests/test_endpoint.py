@@ -29,17 +29,19 @@ import pytest
 from test_converge_plan import facts
 
 from ddtree_deploy.config.hosts import load_config
+from ddtree_deploy.converge import hoststate
 from ddtree_deploy.converge.hoststate import HostState
 from ddtree_deploy.converge.planner import plan_host
 from ddtree_deploy.converge.steps import step_kind
 from ddtree_deploy.converge.steps.unit_install import unit_text
 from ddtree_deploy.errors import ConfigError
+from ddtree_deploy.remote import facts as remote_facts
 from ddtree_deploy.resources import embedded_hosts_file
 from ddtree_deploy.service import endpoint
 from ddtree_deploy.service.plainproc import start, stop
 from ddtree_deploy.service.render import render_unit, unit_command
 from ddtree_deploy.service.resolve import build_spec
-from ddtree_deploy.service.spec import SECRETS_KEY, ServiceSpec
+from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.settings.model import ServerSettings
 from ddtree_deploy.transport.local import LocalTransport
 
@@ -100,36 +102,82 @@ def test_bind_user_and_secrets_render_without_a_secret(tmp_path: Path) -> None:
     assert "listens on 127.0.0.1:30001" in install.changes[0]
 
 
-def test_a_changed_secret_file_changes_the_unit_and_restarts_the_service(
+def test_a_changed_secret_file_restarts_the_service_by_a_root_only_digest(
         tmp_path: Path) -> None:
-    """Changing only a key or token file (issue 30's debt): plan sees the unit differ, by a
-    salted digest of the secrets' content, so apply installs the new files and restarts."""
+    """Changing only a key or token file (issue 30's debt): plan compares the digest of the
+    workstation's files with the one kept root-only next to the host's secret files, so
+    apply installs the new files and restarts; the unit stays the same."""
     config = load_config(hosts_file(tmp_path, True))
     host, dep = config.host("ct200"), config.deployment("sglang-ddtree")
     spec = build_spec(config, host, facts(True), dep)
-    installed = HostState(units={dep.unit_name: unit_text(spec)})
+    unit = unit_text(spec)
 
-    def install_step() -> Any:
-        steps = plan_host(config, host, facts(True), installed)
+    def digest() -> str | None:
+        return endpoint.secrets_digest(endpoint.read_secrets(
+            dep.api_key_file, dep.hf_token_file, dep.name), spec.name)
+
+    def install_step(state: HostState) -> Any:
+        steps = plan_host(config, host, facts(True), state)
         return next(s for s in steps if s.kind == "unit.install")
 
-    assert install_step().satisfied
+    installed = HostState(units={dep.unit_name: unit}, secrets={spec.name: str(digest())})
+    assert install_step(installed).satisfied
+    first = install_step(HostState(units={dep.unit_name: unit}))  # none on the host yet
+    assert not first.satisfied and first.reason == "no secret files installed"
     for name, value in (("key", "sk-rotated-key-77"), ("token", "hf_rotatedToken99")):
         (tmp_path / name).write_text(value + "\n")
-        step = install_step()
-        assert not step.satisfied and step.reason == "the unit differs"
-        assert any(c.startswith(f"unit +{SECRETS_KEY}=pbkdf2-sha256:") for c in step.changes)
+        step = install_step(installed)
+        assert not step.satisfied and step.reason == "the secret files differ"
+        assert any("secret files" in c for c in step.changes)
         assert step_kind(step.kind).marks_restart
         assert value not in str(step.as_json()) and KEY not in str(step.as_json())
-        installed = HostState(units={dep.unit_name: unit_text(
-            build_spec(config, host, facts(True), dep))})
-        assert install_step().satisfied
-    digest = spec.secrets_digest
-    assert digest is not None and KEY not in digest and TOKEN not in digest
-    # salted by the service: the same secrets give another digest in another unit
+        assert unit_text(build_spec(config, host, facts(True), dep)) == unit
+        installed = HostState(units={dep.unit_name: unit}, secrets={spec.name: str(digest())})
+        assert install_step(installed).satisfied
     secrets = endpoint.read_secrets(tmp_path / "key", tmp_path / "token", "d")
     assert endpoint.secrets_digest(secrets, "a") != endpoint.secrets_digest(secrets, "b")
     assert endpoint.secrets_digest(endpoint.Secrets(), "a") is None
+
+
+def test_the_unit_carries_nothing_derived_from_a_secret(tmp_path: Path) -> None:
+    """The unit is world-readable: two keys give the same unit text (before the fix it
+    carried a PBKDF2 digest salted by the public service name: brute-forceable offline)."""
+    spec, unit = spec_of(tmp_path, True)
+    (tmp_path / "key").write_text("sk-another-key-0001\n")
+    config = load_config(tmp_path / "hosts.yaml")
+    other = render_unit(build_spec(config, config.host("ct200"), facts(True),
+                                   config.deployment("sglang-ddtree")), tool_version="0")
+    assert other == unit and "X-DDTreeDeploy-Secrets" not in unit
+
+
+def test_an_unreadable_secret_file_is_the_install_steps_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """plan still plans (the other steps, and this one pending with the file and the reason);
+    apply's unit.install fails with them before it touches the host; `service render`
+    refuses with exit 2 (converge/steps/unit_install.py, cli/service.py)."""
+    from ddtree_deploy.cli import app
+    from ddtree_deploy.converge.steps.unit_install import install_unit
+
+    config = load_config(hosts_file(tmp_path, True))
+    host, dep = config.host("ct200"), config.deployment("sglang-ddtree")
+    spec = build_spec(config, host, facts(True), dep)
+    (tmp_path / "key").unlink()
+    steps = plan_host(config, host, facts(True), HostState(units={dep.unit_name: unit_text(spec)}))
+    (step,) = [s for s in steps if s.kind == "unit.install"]
+    assert not step.satisfied
+    assert step.reason.startswith(f"deployments.sglang-ddtree.api_key_file: cannot read the "
+                                  f"API key from {tmp_path / 'key'}")
+    with pytest.raises(ConfigError, match="api_key_file: cannot read"):
+        install_unit(None, spec, dep)  # type: ignore[arg-type]  # raises before any use
+    monkeypatch.setattr("ddtree_deploy.cli.service._facts", lambda *a, **k: pytest.fail(
+        "render reached the host"))
+    with pytest.raises(SystemExit) as done:
+        app.main(["--hosts", str(tmp_path / "hosts.yaml"), "service", "render", "ct200",
+                  "sglang-ddtree", "--no-verify"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "api_key_file: cannot read the API key" in err, err
+    assert "Traceback" not in err
 
 
 def test_a_bad_secret_file_is_refused_without_its_content(tmp_path: Path) -> None:
@@ -211,8 +259,17 @@ def test_secrets_stay_out_of_argv_and_the_log(tmp_path: Path,
                        secrets=("api_key", "hf_token"))
     with LocalTransport() as t:
         endpoint.install_secrets(t, spec.name, endpoint.Secrets(KEY, TOKEN), None)
-    for path in (endpoint.config_file(spec.name), endpoint.env_file(spec.name)):
+    for path in (endpoint.config_file(spec.name), endpoint.env_file(spec.name),
+                 endpoint.digest_file(spec.name)):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    want = endpoint.secrets_digest(endpoint.Secrets(KEY, TOKEN), spec.name)
+    with LocalTransport() as t:  # plan's sudo read of the host state finds the digest
+        assert hoststate.read(t, []).secrets == {spec.name: want}
+    monkeypatch.setattr(remote_facts, "SERVICES_DIR", endpoint.ROOT)  # and so does the probe
+    assert remote_facts.tool_state()["secrets_digests"] == {spec.name: want}
+    Path(endpoint.folder("other"), endpoint.DIGEST_NAME).mkdir(parents=True)  # unreadable
+    state = remote_facts.tool_state()  # as a probe that is not root: sudo reads it later
+    assert state["secrets_unread"] == ["other"] and state["error"] is None
     cmd = unit_command(spec)
     log = tmp_path / "server.log"
     pid = start(cmd, str(log), base_env={"PATH": os.environ["PATH"]})

@@ -46,7 +46,12 @@ def render(
     as_json: bool = typer.Option(False, "--json", help="the unit and what it runs (argv, "
                                  "environment, working directory) as JSON (docs/json.md)"),
 ) -> None:
-    """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST)."""
+    """Print the unit of deployment NAME (checked with systemd-analyze verify on HOST).
+
+    The deployment's secret files must be readable (exit 2 otherwise): the unit is the one
+    apply would install with them. plan, by contrast, still plans and shows the unreadable
+    file as the unit.install step's reason."""
+    from ddtree_deploy.service import endpoint
     from ddtree_deploy.service.render import render_unit, unit_command
     from ddtree_deploy.service.resolve import build_spec
     from ddtree_deploy.service.verify import verify_unit
@@ -57,6 +62,7 @@ def render(
     dep = config.deployment(name)
     if dep.host != spec_host.name:
         raise UsageError(f"deployment '{name}' runs on {dep.host}, not on {spec_host.name}")
+    endpoint.read_secrets(dep.api_key_file, dep.hf_token_file, dep.name)  # ConfigError: exit 2
     venv = str(spec_host.venvs[dep.venv].path)
     facts = _facts(config, spec_host, [venv], refresh=True)
     spec = build_spec(config, spec_host, facts, dep, force=True, require_venv=False)

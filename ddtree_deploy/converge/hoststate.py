@@ -1,11 +1,13 @@
 """The host state plan/apply reads besides facts, in one round trip: the installed text of
-each deployment's unit, the units this tool created (with their deployment), and the
-restarts an earlier run left pending."""
+each deployment's unit, the units this tool created (with their deployment), the
+restarts an earlier run left pending, and each service's secrets digest (root-only:
+service/endpoint.py). Read with sudo when the facts probe could not read it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddtree_deploy.service import endpoint
 from ddtree_deploy.service.spec import DEPLOYMENT_KEY, MANAGED_KEY, UNIT_DIR
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
@@ -14,7 +16,7 @@ STATE_DIR = "/var/lib/ddtree-deploy"
 PENDING_DIR = f"{STATE_DIR}/pending-restart"
 
 SCRIPT = r"""
-unitdir="$1"; key="$2"; pending="$3"; shift 3
+unitdir="$1"; key="$2"; pending="$3"; services="$4"; digest="$5"; shift 5
 for u in "$@"; do
   echo "@unit $u"
   if [ -f "$unitdir/$u" ]; then cat "$unitdir/$u"; echo; echo "@end"; else echo "@absent"; fi
@@ -28,6 +30,11 @@ for f in "$unitdir"/*.service; do
 done
 echo "@pending"
 [ -d "$pending" ] && ls -1 "$pending"
+echo "@secrets"
+for f in "$services"/*/"$digest"; do
+  [ -f "$f" ] || continue
+  echo "$(basename "$(dirname "$f")") $(head -c 256 "$f" | head -n 1)"
+done
 echo "@done"
 """
 
@@ -37,6 +44,7 @@ class HostState:
     units: dict[str, str | None] = field(default_factory=dict)  # unit -> installed text
     managed: dict[str, str] = field(default_factory=dict)  # unit -> deployment name ('' if none)
     pending: set[str] = field(default_factory=set)  # units with a restart pending
+    secrets: dict[str, str] = field(default_factory=dict)  # service stem -> secrets digest
 
 
 def parse(text: str) -> HostState:
@@ -57,20 +65,25 @@ def parse(text: str) -> HostState:
                     body.append(lines[i])
                     i += 1
                 state.units[unit] = "\n".join(body)  # `echo` after cat: exact text back
-        elif line in ("@managed", "@pending", "@done"):
+        elif line in ("@managed", "@pending", "@secrets", "@done"):
             section = line
         elif line and section == "@managed":
             unit, _, dep = line.partition(" ")
             state.managed[unit] = dep
         elif line and section == "@pending":
             state.pending.add(line)
+        elif line and section == "@secrets":
+            stem, _, digest = line.partition(" ")
+            state.secrets[stem] = digest
         i += 1
     return state
 
 
-def from_facts(tool_units: dict[str, str], pending: list[str], units: list[str]) -> HostState:
+def from_facts(tool_units: dict[str, str], pending: list[str], units: list[str],
+               secrets: dict[str, str] | None = None) -> HostState:
     """The same state from the facts probe (no extra round trip: plan on cached facts)."""
-    state = HostState(units={u: tool_units.get(u) for u in units}, pending=set(pending))
+    state = HostState(units={u: tool_units.get(u) for u in units}, pending=set(pending),
+                      secrets=dict(secrets or {}))
     for unit, text in tool_units.items():
         dep = next((ln.split("=", 1)[1] for ln in text.splitlines()
                     if ln.startswith(f"{DEPLOYMENT_KEY}=")), "")
@@ -79,7 +92,8 @@ def from_facts(tool_units: dict[str, str], pending: list[str], units: list[str])
 
 
 def read(t: ExecTransport, units: list[str]) -> HostState:
-    r = t.run(Command.shell(SCRIPT, UNIT_DIR, MANAGED_KEY, PENDING_DIR, *units, sudo=True),
+    r = t.run(Command.shell(SCRIPT, UNIT_DIR, MANAGED_KEY, PENDING_DIR, endpoint.ROOT,
+                            endpoint.DIGEST_NAME, *units, sudo=True),
               timeout=60)
     r.check()
     return parse(r.stdout)

@@ -93,9 +93,11 @@ def host_facts(config: Config, host: HostSpec, *, refresh: bool) -> Facts:
 def _plan_on(config: Config, host: HostSpec, facts: Facts,
              t: ExecTransport | None = None) -> tuple[list[Step], str]:
     units = [d.unit_name for d in config.deployments_on(host)]
-    if facts.tool.error is None:
-        state = hoststate.from_facts(facts.tool.managed_units, facts.tool.pending_restarts, units)
-    elif t is not None:  # the probe could not read the unit folder: ask the host directly
+    if facts.tool.error is None and not facts.tool.secrets_unread:
+        state = hoststate.from_facts(facts.tool.managed_units, facts.tool.pending_restarts, units,
+                                     facts.tool.secrets_digests)
+    elif t is not None:  # the probe could not read the unit folder or a secrets digest
+        # (root-only): ask the host directly, with sudo
         state = hoststate.read(t, units)
     else:
         with open_transport(config, host) as own:

@@ -170,10 +170,13 @@ class Services(Part):
 
 
 class ToolState(Part):
-    """What this tool left on the host: its units (exact text) and pending restarts."""
+    """What this tool left on the host: its units (exact text), pending restarts and each
+    service's secrets digest (stem -> digest, root-only on the host: service/endpoint.py)."""
 
     managed_units: dict[str, str] = Field(default_factory=dict)
     pending_restarts: list[str] = Field(default_factory=list)
+    secrets_digests: dict[str, str] = Field(default_factory=dict)
+    secrets_unread: list[str] = Field(default_factory=list)  # stems: not root, sudo reads them
 
 
 class ModelDir(BaseModel):

@@ -169,10 +169,35 @@ def model_dir(path: str) -> dict[str, Any]:
 UNIT_DIR = "/etc/systemd/system"
 MANAGED_LINE = "X-DDTreeDeploy-Managed=yes"
 PENDING_DIR = "/var/lib/ddtree-deploy/pending-restart"
+SERVICES_DIR = "/etc/ddtree-deploy/services"  # a service's secret files (service/endpoint.py)
+DIGEST_NAME = "secrets.sha256"  # their digest, root-only
+
+
+def secrets_digests() -> dict[str, Any]:
+    """Each service's secrets digest (service stem -> digest), and the stems whose digest is
+    there but cannot be read (the probe is not root): plan then reads the host state with
+    sudo (converge/hoststate.py). Not an error of the part: nothing is unknown to plan."""
+    out: dict[str, str] = {}
+    unread: list[str] = []
+    try:
+        stems = sorted(os.listdir(SERVICES_DIR))
+    except OSError:
+        stems = []
+    for stem in stems:
+        path = os.path.join(SERVICES_DIR, stem, DIGEST_NAME)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                out[stem] = fh.read(256).strip()
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError):
+            unread.append(stem)
+    return {"digests": out, "unread": unread}
 
 
 def tool_state() -> dict[str, Any]:
-    """Units this tool created (their exact text) and restarts an earlier run left pending."""
+    """Units this tool created (their exact text), restarts an earlier run left pending and
+    the services' secrets digests."""
     units: dict[str, str] = {}
     try:
         names = sorted(os.listdir(UNIT_DIR))
@@ -193,7 +218,10 @@ def tool_state() -> dict[str, Any]:
         pending = sorted(os.listdir(PENDING_DIR))
     except OSError:
         pending = []
-    return {"managed_units": units, "pending_restarts": pending, "error": None}
+    secrets = secrets_digests()
+    return {"managed_units": units, "pending_restarts": pending,
+            "secrets_digests": secrets["digests"], "secrets_unread": secrets["unread"],
+            "error": None}
 
 
 def gather(

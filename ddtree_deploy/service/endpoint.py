@@ -15,6 +15,13 @@ root). Secrets never reach argv, a unit, the journal or a log:
 Each comes from a file on the workstation (`api_key_file:`, `hf_token_file:` of the
 deployment), read when the unit is installed; the files on the host live in
 /etc/ddtree-deploy/services/<unit stem>/.
+
+A changed key or token restarts the service: next to the secret files, a root-only file
+(mode 0600, `secrets.sha256`) holds a digest of their content; plan reads it as root (the
+facts probe, or sudo when the probe cannot: converge/hoststate.py) and compares it with the
+digest of the workstation's files, so plan writes nothing and the unit, which any local
+user can read, carries nothing derived from a secret. The digest is no weaker a secret
+than the files beside it: only root reads either.
 """
 
 from __future__ import annotations
@@ -95,19 +102,21 @@ def read_secrets(api_key_file: Path | None, hf_token_file: Path | None,
                    _read_secret(hf_token_file, "HF_TOKEN", f"{where}.hf_token_file"))
 
 
-DIGEST_ROUNDS = 20_000  # PBKDF2 rounds: the digest is in a world-readable unit
+DIGEST_NAME = "secrets.sha256"
+
+
+def digest_file(stem: str) -> str:
+    """The root-only file (0600) holding the digest of the service's secrets."""
+    return posixpath.join(folder(stem), DIGEST_NAME)
 
 
 def secrets_digest(secrets: Secrets, stem: str) -> str | None:
-    """A digest of the secrets' content, salted by the service's name and slow to compute
-    (PBKDF2-SHA256): the unit carries it so that plan sees a changed key or token (the
-    unit differs, so apply installs it and restarts the service), never the secrets."""
+    """A digest of the secrets' content (SHA-256, with the service's name): kept on the host
+    in digest_file, root-only, never in the unit; None without secrets."""
     if not secrets.kinds():
         return None
-    material = json.dumps([secrets.api_key, secrets.hf_token]).encode()
-    salt = f"ddtree-deploy secrets of {stem}".encode()
-    return "pbkdf2-sha256:" + hashlib.pbkdf2_hmac("sha256", material, salt,
-                                                  DIGEST_ROUNDS).hex()[:32]
+    material = json.dumps([stem, secrets.api_key, secrets.hf_token]).encode()
+    return "sha256:" + hashlib.sha256(material).hexdigest()
 
 
 def _put(t: ExecTransport, data: bytes, path: str, mode: int, owner: str | None) -> None:
@@ -118,8 +127,8 @@ def _put(t: ExecTransport, data: bytes, path: str, mode: int, owner: str | None)
 
 def install_secrets(t: ExecTransport, stem: str, secrets: Secrets, user: str | None) -> None:
     """Write the service's secret files (0600; the config file owned by the server's user),
-    the launcher with them; remove those no longer wanted. Nothing is written for a service
-    without secrets."""
+    the launcher with them, and their digest (root-only); remove those no longer wanted.
+    Nothing is written for a service without secrets."""
     from ddtree_deploy.remote.bundle import text
 
     base = folder(stem)
@@ -134,6 +143,7 @@ def install_secrets(t: ExecTransport, stem: str, secrets: Secrets, user: str | N
         _put(t, text("serve.py").encode(), launcher(stem), 0o644, None)
     if secrets.hf_token:
         _put(t, f"HF_TOKEN={secrets.hf_token}\n".encode(), env_file(stem), 0o600, None)
+    _put(t, f"{secrets_digest(secrets, stem)}\n".encode(), digest_file(stem), 0o600, None)
     gone = [p for p, keep in ((config_file(stem), secrets.api_key),
                               (launcher(stem), secrets.api_key),
                               (env_file(stem), secrets.hf_token)) if not keep]

@@ -38,7 +38,6 @@ from ddtree_deploy.service.spec import (
     DEPLOYMENT_KEY,
     MANAGED_KEY,
     PORT_KEY,
-    SECRETS_KEY,
     ServiceSpec,
     UnitCommand,
 )
@@ -321,8 +320,6 @@ def render_unit(spec: ServiceSpec, *, tool_version: str) -> str:
         deployment=_check_text(deployment, "deployment") if deployment else None,
         port_key=PORT_KEY,
         port=_port(spec.port, what),
-        secrets_key=SECRETS_KEY,
-        secrets_digest=spec.secrets_digest,
         workdir=_plain(command.cwd, "venv"),
         environment=[systemd_env(k, v) for k, v in command.env.items()],
         exec_lines=_exec_lines(command.argv[0], list(command.argv[1:])),

@@ -19,7 +19,6 @@ from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.rules.model_fit import draft_block_size
 from ddtree_deploy.rules.placement import FIRST_PORT, choose_gpu, choose_gpus, choose_port
-from ddtree_deploy.service import endpoint
 from ddtree_deploy.service.endpoint import DEFAULT_BIND
 from ddtree_deploy.service.libpath import ld_library_path as from_venv
 from ddtree_deploy.service.spec import ServiceSpec
@@ -125,6 +124,4 @@ def build_spec(
         user=d.user if d else None,
         secrets=tuple(k for k, path in (("api_key", d.api_key_file),
                                         ("hf_token", d.hf_token_file)) if path) if d else (),
-        secrets_digest=endpoint.secrets_digest(
-            endpoint.read_secrets(d.api_key_file, d.hf_token_file, d.name), name) if d else None,
     )

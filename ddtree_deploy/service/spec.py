@@ -22,9 +22,6 @@ MANAGED_KEY = "X-DDTreeDeploy-Managed"  # in [Unit]: marks units this tool creat
 UNIT_DIR = "/etc/systemd/system"
 DEPLOYMENT_KEY = "X-DDTreeDeploy-Deployment"  # in [Unit]: the deployment a unit serves
 PORT_KEY = "X-DDTreeDeploy-Port"  # in [Unit]: the port its /health answers on
-# in [Unit]: a salted digest of the secrets' content (endpoint.secrets_digest), so that a
-# changed key or token changes the unit and restarts the service; never the secrets
-SECRETS_KEY = "X-DDTreeDeploy-Secrets"
 # What systemd gives a system service besides the unit's own variables (systemd.exec(5),
 # "Environment Variables in Spawned Processes"): its default PATH, the system locale's LANG
 # (locale.conf) and the user's HOME, USER, LOGNAME and SHELL. A plain process gets the same,
@@ -105,7 +102,6 @@ class ServiceSpec:
     ld_library_path: tuple[str, ...] = field(default_factory=tuple)  # venv's nvidia lib dirs
     user: str | None = None  # the unit's User= (None: root)
     secrets: tuple[str, ...] = ()  # which secret files it reads: "api_key", "hf_token"
-    secrets_digest: str | None = None  # their content's digest (endpoint.secrets_digest)
 
     @property
     def unit_name(self) -> str:

@@ -1,6 +1,12 @@
 """`unit.install`: the deployment's systemd unit, rendered from hosts.yaml and the facts
 (GPUs and port chosen or refused, LD_LIBRARY_PATH from the venv's real library folders),
-verified with systemd-analyze on the host, installed atomically (`service/install.py`).
+verified with systemd-analyze on the host, installed atomically (`service/install.py`),
+with the service's secret files (`service/endpoint.py`).
+
+The step is pending when the unit differs or when the secrets' digest on the host (root-only,
+read with the host state) differs from the workstation files' (a rotated key or token: apply
+installs the files and restarts the service). A secret file that cannot be read does not
+stop plan: this step is pending with the file and the reason, and fails with them in apply.
 
 `service up` installs its unit with the same `install_unit`.
 """
@@ -10,6 +16,7 @@ from __future__ import annotations
 from ddtree_deploy import __version__
 from ddtree_deploy.config.schema import Deployment
 from ddtree_deploy.converge.steps import Acting, Planning, Step, StepKind, UnitParams
+from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.service import endpoint, install
 from ddtree_deploy.service.resolve import build_spec
 from ddtree_deploy.service.spec import ServiceSpec
@@ -45,14 +52,34 @@ def listens(spec: ServiceSpec) -> str:
     return where
 
 
+def _secrets_change(ctx: Planning, stem: str) -> tuple[str, str] | None:
+    """Why the service's secret files on the host are not the workstation's (a reason and a
+    change line, nothing of their content), or None when they are."""
+    d = ctx.deployment
+    try:
+        want = endpoint.secrets_digest(
+            endpoint.read_secrets(d.api_key_file, d.hf_token_file, d.name), stem)
+    except ConfigError as exc:
+        return str(exc), "install the service's secret files: fails until the file is readable"
+    have = ctx.state.secrets.get(stem)
+    if want == have:
+        return None
+    if want is None:
+        return "secret files no longer wanted", f"remove {endpoint.folder(stem)}"
+    return ("the secret files differ" if have else "no secret files installed",
+            f"install the service's secret files in {endpoint.folder(stem)} (content not shown)")
+
+
 def plan(ctx: Planning) -> list[Step]:
     d = ctx.deployment
     unit = d.unit_name
     spec = build_spec(ctx.config, ctx.host, ctx.facts, d, require_venv=False)
+    secrets = _secrets_change(ctx, spec.name)
     if ctx.changed:
         return [ctx.step(KIND, unit, "rendered once the steps above are done (from the venv's "
                                      "real library folders)",
-                         [f"install {spec.unit_path} ({listens(spec)})"],
+                         [f"install {spec.unit_path} ({listens(spec)})",
+                          *([secrets[1]] if secrets else [])],
                          params=UnitParams(unit))]
     installed = ctx.state.units.get(unit)
     rendered = unit_text(spec)
@@ -63,9 +90,14 @@ def plan(ctx: Planning) -> list[Step]:
                                f"{listens(spec)})"]
     if installed is not None and not same:
         changes += unit_diff(installed, rendered)
-    return [ctx.step(KIND, unit, f"installed unit matches ({listens(spec)})" if same else
-                     ("no unit installed" if installed is None else "the unit differs"),
-                     changes, satisfied=same, params=UnitParams(unit))]
+    reason = f"installed unit matches ({listens(spec)})" if same else \
+        ("no unit installed" if installed is None else "the unit differs")
+    if secrets is not None:
+        reason = secrets[0] if same else f"{reason}; {secrets[0]}"
+        changes.append(secrets[1])
+        ctx.changed = True
+    return [ctx.step(KIND, unit, reason, changes, satisfied=not ctx.changed,
+                     params=UnitParams(unit))]
 
 
 DIFF_LINES = 60  # a unit differs in a few lines; a longer diff is said as a count past these
