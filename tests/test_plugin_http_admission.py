@@ -429,7 +429,7 @@ def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     for name in ("sglang", "sglang.srt", "sglang.srt.plugins", "sglang.srt.entrypoints",
                  "sglang.srt.entrypoints.openai", "sglang.srt.managers",
                  "sglang.srt.observability", "sglang.srt.parser",
-                 "sglang.srt.entrypoints.anthropic"):
+                 "sglang.srt.entrypoints.anthropic", "sglang.srt.entrypoints.ollama"):
         package = types.ModuleType(name)
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
@@ -453,9 +453,10 @@ def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
                      _source(release, "sglang/srt/plugins/hook_registry.py"), monkeypatch)
     base = _load("sglang.srt.entrypoints.openai.serving_base",
                  _source(release, "sglang/srt/entrypoints/openai/serving_base.py"), monkeypatch)
-    for name in ("protocol", "serving"):  # the release's Anthropic adapter (/v1/messages)
-        _load(f"sglang.srt.entrypoints.anthropic.{name}",
-              _source(release, f"sglang/srt/entrypoints/anthropic/{name}.py"), monkeypatch)
+    for adapter in ("anthropic", "ollama"):  # /v1/messages; /api/generate, /api/chat
+        for name in ("protocol", "serving"):
+            _load(f"sglang.srt.entrypoints.{adapter}.{name}",
+                  _source(release, f"sglang/srt/entrypoints/{adapter}/{name}.py"), monkeypatch)
     started: list[Any] = []
 
     def serving_class(name: str) -> type:
@@ -559,6 +560,69 @@ def test_v1_messages_without_the_around_hooks_a_refusal_was_a_500_up_to_0_5_21(
         old = serving.release in ("0.5.17", "0.5.19", "0.5.21")
         assert got.status_code == (500 if old else 400)
         assert ("DDTREE" in json.loads(got.body)["error"]["message"]) is not old
+
+
+def _ollama(serving: Any, algorithm: str, route: str, stream: bool, options: dict[str, Any]
+            ) -> Any:
+    """The release's real ``OllamaServing`` (its route handler, with the request parsed by its
+    real protocol), over a tokenizer manager that checks as the plugin's hook does, then
+    yields one chunk; returns the response, the stream's body read."""
+    ollama = sys.modules["sglang.srt.entrypoints.ollama.serving"]
+    protocol = sys.modules["sglang.srt.entrypoints.ollama.protocol"]
+    check = admission_hook.make_hook("DDTREE")
+    tm = manager(algorithm)
+    tm.served_model_name = "m"
+    tm.tokenizer = types.SimpleNamespace(apply_chat_template=lambda *a, **k: [1, 2])
+
+    async def generate_request(obj: Any, raw: Any = None) -> Any:
+        check(tm, obj)
+        serving.started.append(obj)
+        yield {"text": "x", "meta_info": {"finish_reason": {"type": "stop"},
+                                          "prompt_tokens": 2, "completion_tokens": 1}}
+
+    tm.generate_request = generate_request
+    body = {"model": "m", "stream": stream, "options": options}
+    if route == "chat":
+        request = protocol.OllamaChatRequest(messages=[{"role": "user", "content": "hi"}], **body)
+        handle = ollama.OllamaServing(tm).handle_chat
+    else:
+        request = protocol.OllamaGenerateRequest(prompt="hi", **body)
+        handle = ollama.OllamaServing(tm).handle_generate
+
+    async def go() -> Any:
+        got = await handle(request, None)
+        if hasattr(got, "body_iterator"):
+            got.text = b"".join([c async for c in got.body_iterator]).decode()
+        return got
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("route", ["chat", "generate"])
+def test_ollama_refusals_are_a_400_before_any_stream(serving: Any, route: str,
+                                                     stream: bool) -> None:
+    http_admission.hook_serving("DDTREE")
+    assert set(http_admission.OLLAMA_TARGETS) <= serving.registry._patched
+    for name in ("frequency_penalty", "presence_penalty"):
+        got = _ollama(serving, "DDTREE", route, stream, {name: 1.5})
+        assert got.status_code == 400, (serving.release, name)
+        assert json.loads(got.body)["error"].startswith(
+            f"DDTREE speculative decoding refuses {name}=1.5")
+    assert serving.started == []
+    neutral = _ollama(serving, "DDTREE", route, stream, {"frequency_penalty": 0, "top_k": 2})
+    dflash = _ollama(serving, "DFLASH", route, stream, {"frequency_penalty": 1.5})
+    for got in (neutral, dflash):  # a stream, or the response model FastAPI answers 200
+        assert json.loads(got.text.splitlines()[-1])["done"] if stream else got.done
+    assert len(serving.started) == 2
+
+
+def test_ollama_without_the_hooks_a_refusal_was_a_cut_stream_or_an_uncaught_error(
+        serving: Any) -> None:
+    with pytest.raises(ValueError, match="DDTREE speculative decoding refuses"):
+        _ollama(serving, "DDTREE", "generate", True, {"frequency_penalty": 1.5})  # mid-stream
+    with pytest.raises(ValueError, match="DDTREE speculative decoding refuses"):
+        _ollama(serving, "DDTREE", "chat", False, {"frequency_penalty": 1.5})  # uncaught: 500
 
 
 def test_v1_without_the_hooks_a_stream_would_start(serving: Any) -> None:

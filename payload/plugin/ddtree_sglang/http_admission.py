@@ -21,6 +21,10 @@ streamed requests earlier, the same rules (``ddtree.admission``) on the same req
   0.5.21); an AROUND hook on ``AnthropicServing._handle_non_streaming`` and
   ``_handle_streaming`` turns a refusal raised in that call into the adapter's own 400
   ``invalid_request_error`` naming the parameter, before any stream starts.
+* Ollama's ``/api/generate`` and ``/api/chat``: an AROUND hook on ``OllamaServing``'s four
+  response builders (each gets the ``GenerateReqInput`` the route built, before any stream)
+  answers a refusal HTTP 400 ``{"error": ...}`` (Ollama's error shape) instead of a stream cut
+  off (streamed) or an uncaught 500 (not streamed).
 
 :func:`install` runs in the process that serves HTTP, once its ``TokenizerManager`` exists and
 before the app starts (``admission_hook`` calls it from ``TokenizerManager.__init__``), and only
@@ -49,6 +53,10 @@ ANTHROPIC_TARGETS = (
     "sglang.srt.entrypoints.anthropic.serving.AnthropicServing._handle_non_streaming",
     "sglang.srt.entrypoints.anthropic.serving.AnthropicServing._handle_streaming",
 )
+OLLAMA_TARGETS = tuple(
+    f"sglang.srt.entrypoints.ollama.serving.OllamaServing.{method}"
+    for method in ("_generate_chat_response", "_stream_chat_response",
+                   "_generate_generate_response", "_stream_generate_response"))
 GENERATE = "/generate"
 
 logger = logging.getLogger("ddtree_sglang")
@@ -252,6 +260,33 @@ def anthropic_hook(name: str, seen: Seen) -> Callable[..., Any]:
     return around
 
 
+def ollama_hook(name: str, seen: Seen) -> Callable[..., Any]:
+    """AROUND hook on ``OllamaServing``'s response builders ``(self, gen_request, raw_request,
+    model_name)``: the request through the same rules; a refusal is Ollama's 400."""
+    from ddtree.admission import Refused
+
+    from ddtree_sglang.admission_hook import make_hook
+
+    check = make_hook(name)
+
+    def around(original: Callable[..., Any], serving: Any, gen_request: Any, *args: Any,
+               **kwargs: Any) -> Any:
+        try:
+            check(getattr(serving, "tokenizer_manager", None), gen_request)
+        except Refused as exc:
+            return _ollama_400(str(exc))
+        return original(serving, gen_request, *args, **kwargs)
+
+    around.ddtree_admission = name  # type: ignore[attr-defined]
+    return around
+
+
+async def _ollama_400(why: str) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": why}, status_code=400)
+
+
 def hook_serving(name: str) -> None:
     """Register and apply the serving hooks (``HookRegistry``); raise where one is not applied."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -259,6 +294,7 @@ def hook_serving(name: str) -> None:
     seen: Seen = contextvars.ContextVar(f"{name}_refused", default=None)
     hooks = [(t, serving_hook, HookType.AFTER) for t in SERVING_TARGETS]
     hooks += [(t, anthropic_hook, HookType.AROUND) for t in ANTHROPIC_TARGETS]
+    hooks += [(t, ollama_hook, HookType.AROUND) for t in OLLAMA_TARGETS]
     for target, make, kind in hooks:
         listed = HookRegistry._hooks.get(target, [])
         if not any(getattr(entry[1], "ddtree_admission", None) == name for entry in listed):
@@ -287,5 +323,6 @@ def install(name: str) -> bool:
         raise NotInstalled(f"{type(exc).__name__}: {exc}") from exc
     logger.info("%s: streamed requests are admitted before the stream starts (/generate, "
                 "/vertex_generate: middleware; /v1/completions, /v1/chat/completions, "
-                "/v1/messages: request conversion).", name)
+                "/v1/messages: request conversion; /api/generate, /api/chat: Ollama's "
+                "response builders).", name)
     return True
