@@ -421,6 +421,30 @@ def _load(name: str, text: str, monkeypatch: pytest.MonkeyPatch) -> types.Module
     return module
 
 
+RESPONSES = "sglang/srt/entrypoints/openai/serving_responses.py"
+
+
+def responses_class(release: str) -> type:
+    """``OpenAIServingResponses`` with the release's own ``_generate_with_builtin_tools`` (its
+    source, compiled alone) and ``create_error_response``; the rest of the class (harmony, tool
+    parsers) is not loaded: the call site is read from the file (test below)."""
+    tree = ast.parse(_source(release, RESPONSES))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+               and n.name == "OpenAIServingResponses")
+    keep = [n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.name in ("_generate_with_builtin_tools", "create_error_response")]
+    code = ast.Module(body=[ast.ImportFrom(module="__future__", names=[
+        ast.alias(name="annotations")], level=0), ast.ClassDef(
+        name="OpenAIServingResponses", bases=[], keywords=[], body=keep, decorator_list=[],
+        type_params=[])], type_ignores=[])
+    scope: dict[str, Any] = {"__name__": "serving_responses", "ErrorResponse": ErrorResponse,
+                             "HTTPStatus": __import__("http").HTTPStatus,
+                             "ORJSONResponse": lambda content, status_code: (status_code,
+                                                                            content)}
+    exec(compile(ast.fix_missing_locations(code), RESPONSES, "exec"), scope)
+    return scope["OpenAIServingResponses"]  # type: ignore[no-any-return]
+
+
 @pytest.fixture(params=SUPPORTED)
 def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Per release: its real hook_registry and serving_base; the two serving classes as the
@@ -457,6 +481,9 @@ def serving(web: Any, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         for name in ("protocol", "serving"):
             _load(f"sglang.srt.entrypoints.{adapter}.{name}",
                   _source(release, f"sglang/srt/entrypoints/{adapter}/{name}.py"), monkeypatch)
+    responses = types.ModuleType("sglang.srt.entrypoints.openai.serving_responses")
+    responses.OpenAIServingResponses = responses_class(release)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, responses.__name__, responses)
     started: list[Any] = []
 
     def serving_class(name: str) -> type:
@@ -623,6 +650,78 @@ def test_ollama_without_the_hooks_a_refusal_was_a_cut_stream_or_an_uncaught_erro
         _ollama(serving, "DDTREE", "generate", True, {"frequency_penalty": 1.5})  # mid-stream
     with pytest.raises(ValueError, match="DDTREE speculative decoding refuses"):
         _ollama(serving, "DDTREE", "chat", False, {"frequency_penalty": 1.5})  # uncaught: 500
+
+
+def _responses(serving: Any, algorithm: str, fields: dict[str, Any]) -> Any:
+    """``create_responses``'s call site (read from the file below): the generator made inside
+    ``except ValueError: return self.create_error_response(str(e))``, then iterated."""
+    cls = sys.modules["sglang.srt.entrypoints.openai.serving_responses"].OpenAIServingResponses
+    tm = manager(algorithm)
+
+    async def generate_request(obj: Any, raw: Any = None) -> Any:
+        serving.started.append(obj)
+        yield {"text": "x"}
+
+    tm.generate_request = generate_request
+    responses = cls()
+    responses.tokenizer_manager = tm
+    context = types.SimpleNamespace(append_output=lambda out: None,
+                                    need_builtin_tool_call=lambda: False)
+    adapted = real_request_class(serving.release)(input_ids=[1, 2], **fields)
+    try:
+        generator = responses._generate_with_builtin_tools("rid", [1, 2], adapted, {}, context,
+                                                           raw_request=None, priority=None)
+    except ValueError as e:
+        return responses.create_error_response(str(e))
+
+    async def drain() -> list[Any]:
+        return [out async for out in generator]
+
+    return asyncio.run(drain())
+
+
+def test_v1_responses_refusals_are_its_400_before_the_generator_runs(serving: Any) -> None:
+    http_admission.hook_serving("DDTREE")
+    assert http_admission.RESPONSES_TARGET in serving.registry._patched
+    for name, fields in REFUSED:
+        got = _responses(serving, "DDTREE", {"stream": True, **fields})
+        assert isinstance(got, tuple) and got[0] == 400, (serving.release, name)
+        doc = got[1]["error"]
+        assert doc["type"] == "invalid_request_error" and doc["code"] == 400
+        assert doc["message"].startswith(f"DDTREE speculative decoding refuses {name}=")
+    assert serving.started == []
+    assert len(_responses(serving, "DDTREE", {"stream": True, **NEUTRAL})) == 1
+    assert len(_responses(serving, "DFLASH", REFUSED[0][1])) == 1
+    assert len(serving.started) == 2
+
+
+def test_v1_responses_without_the_hook_the_refused_request_reached_the_generator(
+        serving: Any) -> None:
+    assert len(_responses(serving, "DDTREE", {"stream": True, **REFUSED[0][1]})) == 1
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_the_real_responses_route_makes_its_generator_inside_except_value_error(
+        release: str) -> None:
+    tree = ast.parse(_source(release, RESPONSES))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+               and n.name == "OpenAIServingResponses")
+    create = next(n for n in cls.body if isinstance(n, ast.AsyncFunctionDef)
+                  and n.name == "create_responses")
+    calls = [t for t in ast.walk(create) if isinstance(t, ast.Try) and any(
+        "self._generate_with_builtin_tools(" in ast.unparse(s) for s in t.body)]
+    assert len(calls) == 1
+    handler = calls[0].handlers[0]
+    assert ast.unparse(handler.type) == "ValueError"
+    assert ast.unparse(handler.body) == "return self.create_error_response(str(e))"
+    call = next(c for c in ast.walk(calls[0]) if isinstance(c, ast.Call)
+                and ast.unparse(c.func) == "self._generate_with_builtin_tools")
+    assert ast.unparse(call.args[2]) == "adapted_request"
+    method = next(n for n in cls.body if isinstance(n, ast.AsyncFunctionDef)
+                  and n.name == "_generate_with_builtin_tools")
+    assert any(isinstance(n, ast.Yield) for n in ast.walk(method))  # an async generator
+    assert [a.arg for a in method.args.args][:4] == ["self", "request_id", "request_prompt",
+                                                      "adapted_request"]
 
 
 def test_v1_without_the_hooks_a_stream_would_start(serving: Any) -> None:

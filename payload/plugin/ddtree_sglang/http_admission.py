@@ -21,6 +21,10 @@ streamed requests earlier, the same rules (``ddtree.admission``) on the same req
   0.5.21); an AROUND hook on ``AnthropicServing._handle_non_streaming`` and
   ``_handle_streaming`` turns a refusal raised in that call into the adapter's own 400
   ``invalid_request_error`` naming the parameter, before any stream starts.
+* ``/v1/responses``: a BEFORE hook on ``OpenAIServingResponses._generate_with_builtin_tools``,
+  which ``create_responses`` calls with the ``GenerateReqInput`` it built, inside ``except
+  ValueError`` (its 400 ``invalid_request_error``) and before any stream: the method is an async
+  generator, so the hook runs at the call;
 * Ollama's ``/api/generate`` and ``/api/chat``: an AROUND hook on ``OllamaServing``'s four
   response builders (each gets the ``GenerateReqInput`` the route built, before any stream)
   answers a refusal HTTP 400 ``{"error": ...}`` (Ollama's error shape) instead of a stream cut
@@ -57,6 +61,8 @@ OLLAMA_TARGETS = tuple(
     f"sglang.srt.entrypoints.ollama.serving.OllamaServing.{method}"
     for method in ("_generate_chat_response", "_stream_chat_response",
                    "_generate_generate_response", "_stream_generate_response"))
+RESPONSES_TARGET = ("sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses"
+                    "._generate_with_builtin_tools")
 GENERATE = "/generate"
 
 logger = logging.getLogger("ddtree_sglang")
@@ -287,6 +293,22 @@ async def _ollama_400(why: str) -> Any:
     return JSONResponse({"error": why}, status_code=400)
 
 
+def responses_hook(name: str, seen: Seen) -> Callable[..., Any]:
+    """BEFORE hook on ``_generate_with_builtin_tools(self, request_id, request_prompt,
+    adapted_request, ...)``: the built request through the same rules, at the call."""
+    from ddtree_sglang.admission_hook import make_hook
+
+    check = make_hook(name)
+
+    def before(serving: Any, *args: Any, **kwargs: Any) -> None:
+        adapted = kwargs.get("adapted_request", args[2] if len(args) > 2 else None)
+        check(getattr(serving, "tokenizer_manager", None), adapted)
+        return None
+
+    before.ddtree_admission = name  # type: ignore[attr-defined]
+    return before
+
+
 def hook_serving(name: str) -> None:
     """Register and apply the serving hooks (``HookRegistry``); raise where one is not applied."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -295,6 +317,7 @@ def hook_serving(name: str) -> None:
     hooks = [(t, serving_hook, HookType.AFTER) for t in SERVING_TARGETS]
     hooks += [(t, anthropic_hook, HookType.AROUND) for t in ANTHROPIC_TARGETS]
     hooks += [(t, ollama_hook, HookType.AROUND) for t in OLLAMA_TARGETS]
+    hooks.append((RESPONSES_TARGET, responses_hook, HookType.BEFORE))
     for target, make, kind in hooks:
         listed = HookRegistry._hooks.get(target, [])
         if not any(getattr(entry[1], "ddtree_admission", None) == name for entry in listed):
@@ -323,6 +346,6 @@ def install(name: str) -> bool:
         raise NotInstalled(f"{type(exc).__name__}: {exc}") from exc
     logger.info("%s: streamed requests are admitted before the stream starts (/generate, "
                 "/vertex_generate: middleware; /v1/completions, /v1/chat/completions, "
-                "/v1/messages: request conversion; /api/generate, /api/chat: Ollama's "
-                "response builders).", name)
+                "/v1/messages: request conversion; /v1/responses: its generator's call; "
+                "/api/generate, /api/chat: Ollama's response builders).", name)
     return True
