@@ -695,6 +695,19 @@ def test_v1_responses_refusals_are_its_400_before_the_generator_runs(serving: An
     assert len(serving.started) == 2
 
 
+def test_a_responses_module_that_does_not_import_leaves_the_other_hooks_in_place(
+        serving: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """SGLang imports serving_responses in its lifespan inside ``except Exception`` (the route is
+    then disabled): the server must still start with the other routes' admission."""
+    monkeypatch.delitem(sys.modules, "sglang.srt.entrypoints.openai.serving_responses")
+    with caplog.at_level("WARNING", logger="ddtree_sglang"):
+        http_admission.hook_serving("DDTREE")
+    assert "serving_responses does not import (ModuleNotFoundError" in caplog.text
+    assert http_admission.RESPONSES_TARGET not in serving.registry._patched
+    expected = http_admission.SERVING_TARGETS + http_admission.ANTHROPIC_TARGETS
+    assert set(expected + http_admission.OLLAMA_TARGETS) <= serving.registry._patched
+
+
 def test_v1_responses_without_the_hook_the_refused_request_reached_the_generator(
         serving: Any) -> None:
     assert len(_responses(serving, "DDTREE", {"stream": True, **REFUSED[0][1]})) == 1

@@ -309,6 +309,23 @@ def responses_hook(name: str, seen: Seen) -> Callable[..., Any]:
     return before
 
 
+def optional_route(target: str) -> bool:
+    """Whether the module of an optional route's class imports. SGLang's own HTTP server loads
+    serving_responses only in its lifespan, inside ``except Exception`` (/v1/responses is then
+    disabled, with a warning): a module that does not import leaves no route to hook, and the
+    tokenizer manager's refusal still stands behind it."""
+    import importlib
+
+    module = target.rsplit(".", 2)[0]
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # SGLang's own guard is as broad
+        logger.warning("%s does not import (%s: %s): its route is not hooked; SGLang disables it",
+                       module, type(exc).__name__, exc)
+        return False
+    return True
+
+
 def hook_serving(name: str) -> None:
     """Register and apply the serving hooks (``HookRegistry``); raise where one is not applied."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -317,7 +334,8 @@ def hook_serving(name: str) -> None:
     hooks = [(t, serving_hook, HookType.AFTER) for t in SERVING_TARGETS]
     hooks += [(t, anthropic_hook, HookType.AROUND) for t in ANTHROPIC_TARGETS]
     hooks += [(t, ollama_hook, HookType.AROUND) for t in OLLAMA_TARGETS]
-    hooks.append((RESPONSES_TARGET, responses_hook, HookType.BEFORE))
+    if optional_route(RESPONSES_TARGET):
+        hooks.append((RESPONSES_TARGET, responses_hook, HookType.BEFORE))
     for target, make, kind in hooks:
         listed = HookRegistry._hooks.get(target, [])
         if not any(getattr(entry[1], "ddtree_admission", None) == name for entry in listed):
