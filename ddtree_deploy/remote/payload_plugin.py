@@ -10,6 +10,7 @@ plugin's own distribution.
   plugin_undo   -- (locked) an install that failed undone from that note: what it added
                    removed (the folders it created whole), the staged wheel too; the lock's
                    `hold` does the same for an install cut short by a kill (undo_plugin);
+                   one that finished (its new .dist-info's RECORD whole) is kept;
   plugin_facts  -- (in locate) the plugin distribution's version, the entry points of the group
                    (every distribution's), its files with their sha256 now and in its RECORD;
   plugin_record -- (locked) check the installed distribution is the one asked for, drop the
@@ -187,10 +188,38 @@ def op_plugin_stage(req):
     return {"path": os.path.join(state_dir, name)}
 
 
+def _finished(purelib, dirs):
+    """The .dist-info among the noted new folders whose RECORD is whole (pip and uv write it
+    last): every file it lists has the sha256 listed. An install that got so far is whole."""
+    for rel in dirs:
+        if rel.endswith(".dist-info") and "/" not in rel:
+            rows = record(purelib, os.path.join(purelib, rel))
+            if any(want for want, _ in rows.values()) and \
+                    all(want is None or want == have for want, have in rows.values()):
+                return rel
+    return None
+
+
+def _drop_staged(v, note):
+    staged = note.get("staged")
+    if isinstance(staged, str) and NAME.match(staged) and staged.endswith(".whl"):
+        path = os.path.join(v.state_dir, staged)
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.unlink(path)
+
+
 def undo_plugin(v, note):
     """Remove what an install of the plugin added (its note: files and folders that were absent
-    before it) and the staged wheel, then drop the note. Returns what it says."""
+    before it) and the staged wheel, then drop the note. Returns what it says. An install that
+    finished (its new .dist-info's RECORD whole) is kept: undoing an upgrade from the note would
+    leave the package's files with no .dist-info owning them (pip removed the old one)."""
     purelib = os.path.realpath(v.purelib)
+    done = _finished(purelib, note.get("dirs") or [])
+    if done is not None:
+        _drop_staged(v, note)
+        v.clear_pending()
+        return (f"an install of the plugin cut short had finished ({done} is whole): kept, "
+                "but not recorded; `payload deploy` records it")
     removed = 0
     for rel in note.get("dirs") or []:
         try:
@@ -213,11 +242,7 @@ def undo_plugin(v, note):
             files.append(rel)
             removed += 1
     clear_pycache(purelib, files)
-    staged = note.get("staged")
-    if isinstance(staged, str) and NAME.match(staged) and staged.endswith(".whl"):
-        path = os.path.join(v.state_dir, staged)
-        if os.path.isfile(path) and not os.path.islink(path):
-            os.unlink(path)
+    _drop_staged(v, note)
     v.clear_pending()
     return (f"an install of the plugin cut short was undone: {removed} file(s) or folder(s) "
             "it added removed")
