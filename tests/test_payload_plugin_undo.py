@@ -7,13 +7,15 @@ folder, its .dist-info with METADATA and a RECORD of sha256 digests).
 * an upgrade that pip finished (the new .dist-info's RECORD whole) is kept when the CLI was
   killed before recording it: undoing it from the note would leave the package's files with no
   .dist-info owning them;
-* an install that did not finish (no RECORD yet) is still undone.
+* an install that did not finish (no RECORD yet) is still undone;
+* a note of the wrong shape is refused naming the note and how to clear it, never a TypeError.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 import sys
 import sysconfig
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.remote import payload_venv
+from ddtree_deploy.remote.payload_fs import Refused
 from ddtree_deploy.remote.payload_plugin import _absent, _version, dist_info, undo_plugin
 
 DIST, PKG = "ddtree_sglang_plugin", "ddtree_sglang"
@@ -96,3 +99,17 @@ def test_an_install_that_did_not_finish_is_undone(venv: payload_venv.Venv) -> No
     _write(site, {rel: data for rel, data in new.items() if not rel.endswith("/RECORD")})
     said = undo_plugin(venv, venv.pending())
     assert list(site.iterdir()) == [] and "undone" in said and venv.pending() is None
+
+
+@pytest.mark.parametrize("wrong", [{"dirs": 5}, {"dirs": {PKG: 1}}, {"adds": [PKG, 7]},
+                                   {"staged": ["a.whl"]}],
+                         ids=["dirs-int", "dirs-mapping", "adds-not-str", "staged-list"])
+def test_a_note_of_the_wrong_shape_is_refused_naming_it(venv: payload_venv.Venv,
+                                                       wrong: dict[str, object]) -> None:
+    site = Path(venv.purelib)
+    (site / PKG).mkdir()
+    Path(venv.pending_path).write_text(json.dumps({"form": "plugin", **wrong}))
+    with pytest.raises(Refused) as info:
+        undo_plugin(venv, venv.pending())
+    assert venv.pending_path in str(info.value) and "delete it" in str(info.value)
+    assert (site / PKG).is_dir() and Path(venv.pending_path).exists()

@@ -208,11 +208,26 @@ def _drop_staged(v, note):
             os.unlink(path)
 
 
+def _check_note(v, note):
+    """The note's shape as plugin_stage writes it, else refused naming it (never a TypeError
+    that leaves the venv stuck with no file named)."""
+    wrong = [key for key in ("dirs", "adds") if not isinstance(note.get(key, []), list)
+             or not all(isinstance(rel, str) for rel in note.get(key, []))]
+    if not isinstance(note.get("staged"), str):
+        wrong.append("staged")
+    if wrong:
+        raise Refused(f"{v.pending_path} is not a plugin install's note as this tool writes it "
+                      f"({', '.join(wrong)}: expected a list of paths, staged a wheel's name): "
+                      "check by hand that the folders and files it lists are whole, then "
+                      "delete it to release the venv")
+
+
 def undo_plugin(v, note):
     """Remove what an install of the plugin added (its note: files and folders that were absent
     before it) and the staged wheel, then drop the note. Returns what it says. An install that
     finished (its new .dist-info's RECORD whole) is kept: undoing an upgrade from the note would
     leave the package's files with no .dist-info owning them (pip removed the old one)."""
+    _check_note(v, note)
     purelib = os.path.realpath(v.purelib)
     done = _finished(purelib, note.get("dirs") or [])
     if done is not None:
