@@ -8,7 +8,8 @@ folder, its .dist-info with METADATA and a RECORD of sha256 digests).
   killed before recording it: undoing it from the note would leave the package's files with no
   .dist-info owning them;
 * an install that did not finish (no RECORD yet) is still undone;
-* a note of the wrong shape is refused naming the note and how to clear it, never a TypeError.
+* a note of the wrong shape is refused naming the note and how to clear it, never a TypeError;
+* a noted folder whose parent is a symlink out of site-packages is not removed.
 """
 
 from __future__ import annotations
@@ -113,3 +114,16 @@ def test_a_note_of_the_wrong_shape_is_refused_naming_it(venv: payload_venv.Venv,
         undo_plugin(venv, venv.pending())
     assert venv.pending_path in str(info.value) and "delete it" in str(info.value)
     assert (site / PKG).is_dir() and Path(venv.pending_path).exists()
+
+
+def test_a_noted_folder_under_a_symlink_out_of_site_packages_stays(
+        venv: payload_venv.Venv, tmp_path: Path) -> None:
+    site = Path(venv.purelib)
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub/keep.txt").write_text("not the venv's\n")
+    (site / PKG).symlink_to(outside)
+    venv.note_pending({"form": "plugin", "files": {}, "adds": [], "dirs": [f"{PKG}/sub"],
+                       "staged": f"{DIST}-0.3.3-py3-none-any.whl"})
+    undo_plugin(venv, venv.pending())
+    assert (outside / "sub/keep.txt").exists(), "a folder outside site-packages was removed"

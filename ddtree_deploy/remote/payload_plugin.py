@@ -241,7 +241,8 @@ def undo_plugin(v, note):
             path = os.path.join(purelib, rel_ok(rel))
         except Refused:
             continue
-        if os.path.isdir(path) and not os.path.islink(path) and inside(path, purelib):
+        if os.path.isdir(path) and not os.path.islink(path) \
+                and inside(os.path.realpath(path), purelib):
             shutil.rmtree(path)
             removed += 1
     files = []
