@@ -43,6 +43,7 @@ from ddtree_deploy.service.render import render_unit, unit_command
 from ddtree_deploy.service.resolve import build_spec
 from ddtree_deploy.service.spec import ServiceSpec
 from ddtree_deploy.settings.model import ServerSettings
+from ddtree_deploy.transport.base import ExecTransport, RawOutcome
 from ddtree_deploy.transport.local import LocalTransport
 
 KEY = "sk-operator-test-3f1c9a"  # a made-up key: the assertions look for it everywhere
@@ -178,6 +179,44 @@ def test_an_unreadable_secret_file_is_the_install_steps_failure(
     err = capsys.readouterr().err
     assert done.value.code == 2 and "api_key_file: cannot read the API key" in err, err
     assert "Traceback" not in err
+
+
+class _Recording(ExecTransport):
+    """A host that records every script it is sent (and answers each with success)."""
+
+    host = "ct200"
+
+    def __init__(self) -> None:
+        self.scripts: list[str] = []
+
+    def _exec(self, script: str, *, stdin: Any, stdout: Any, deadline: float | None,
+              live: Any = None) -> RawOutcome:
+        self.scripts.append(script)
+        return RawOutcome(0, b"", b"", 0.0)
+
+    def _is_root(self) -> bool:
+        return True
+
+
+def test_an_unreadable_secret_file_fails_apply_before_the_restart_is_marked(
+        tmp_path: Path) -> None:
+    """apply's unit.install with the key file gone fails before anything reaches the host:
+    before the fix the runner first marked the restart pending (a root-owned file), so once
+    the same key was readable again service.start restarted a healthy service for nothing."""
+    from ddtree_deploy.converge import runner
+    from ddtree_deploy.converge.steps import Acting, LiveFacts
+
+    config = load_config(hosts_file(tmp_path, True))
+    host = config.host("ct200")
+    (tmp_path / "key").unlink()
+    steps = plan_host(config, host, facts(True), HostState())
+    (step,) = [s for s in steps if s.kind == "unit.install"]
+    t = _Recording()
+    live = LiveFacts(config, host, t)
+    live._facts = facts(True)  # the facts apply already holds: no gather on the host
+    with pytest.raises(ConfigError, match="api_key_file: cannot read"):
+        runner._act(Acting(config, host, t, live), step)
+    assert t.scripts == []
 
 
 def test_a_bad_secret_file_is_refused_without_its_content(tmp_path: Path) -> None:

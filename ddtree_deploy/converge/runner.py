@@ -141,10 +141,13 @@ def make_plan(config: Config, hosts: list[str], *, refresh: bool, concurrency: i
 
 
 def _act(ctx: Acting, step: Step) -> None:
-    """One pending step, through its kind: its service's restart marked pending first when
-    it may change what the service runs; the facts dropped after it when it may change
-    what the next step reads."""
+    """One pending step, through its kind: what it reads on the workstation checked first
+    (nothing written on the host when that fails), then its service's restart marked
+    pending when it may change what the service runs; the facts dropped after it when it
+    may change what the next step reads."""
     kind = step_kind(step.kind)
+    if kind.precheck is not None:
+        kind.precheck(ctx, step)
     if kind.marks_restart:
         for d in ctx.config.deployments_on(ctx.host):
             if d.name == step.deployment:

@@ -181,6 +181,9 @@ class StepKind:
     plan_host: Callable[[HostPlanning], list[Step]] | None = None  # once per host, after
     #: it may change what the service runs: the service's restart is marked pending first
     marks_restart: bool = False
+    #: what it reads on the workstation and may refuse (a secret file), checked before the
+    #: runner writes anything on the host for it (the restart marker)
+    precheck: Callable[[Acting, Step], None] | None = None
     #: what later steps read from the facts (the venv's python, distributions and library
     #: folders, GPUs, ports) is the same after it acted; facts are gathered again otherwise
     keeps_facts: bool = False

@@ -117,9 +117,16 @@ def unit_diff(installed: str, rendered: str) -> list[str]:
     return [f"unit {line}" for line in lines]
 
 
+def precheck(ctx: Acting, step: Step) -> None:
+    """The deployment's secret files readable (ConfigError naming the file otherwise), before
+    the runner marks the restart: a failure here leaves the host as it was."""
+    dep = ctx.config.deployment(step.deployment)
+    endpoint.read_secrets(dep.api_key_file, dep.hf_token_file, dep.name)
+
+
 def act(ctx: Acting, step: Step) -> None:
     dep = ctx.config.deployment(step.deployment)
     install_unit(ctx.t, build_spec(ctx.config, ctx.host, ctx.facts.current(), dep), dep)
 
 
-STEP = StepKind(KIND, UnitParams, act, plan=plan, marks_restart=True)
+STEP = StepKind(KIND, UnitParams, act, plan=plan, marks_restart=True, precheck=precheck)
