@@ -16,6 +16,7 @@ the process's environment.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -136,8 +137,35 @@ def test_a_changed_secret_file_restarts_the_service_by_a_root_only_digest(
         installed = HostState(units={dep.unit_name: unit}, secrets={spec.name: str(digest())})
         assert install_step(installed).satisfied
     secrets = endpoint.read_secrets(tmp_path / "key", tmp_path / "token", "d")
-    assert endpoint.secrets_digest(secrets, "a") != endpoint.secrets_digest(secrets, "b")
+    assert not endpoint.secrets_match(secrets, "b", endpoint.secrets_digest(secrets, "a"))
     assert endpoint.secrets_digest(endpoint.Secrets(), "a") is None
+
+
+def test_the_secrets_digest_is_salted_scrypt(tmp_path: Path) -> None:
+    """The root-only digest costs scrypt's work per guess of a key (before: one SHA-256 over
+    the public service name and the secrets, quick to brute-force from a leaked copy): a
+    random salt per install, kept in the file; the workstation recomputes with it."""
+    (tmp_path / "key").write_text(KEY + "\n")
+    secrets = endpoint.read_secrets(tmp_path / "key", None, "d")
+    stored = endpoint.secrets_digest(secrets, "svc")
+    assert stored is not None
+    kind, salt_hex, hashed = stored.split("$")
+    assert kind == "scrypt" and len(bytes.fromhex(salt_hex)) == 16
+    assert hashed == hashlib.scrypt(json.dumps(["svc", KEY, None]).encode(),
+                                    salt=bytes.fromhex(salt_hex), n=1 << 14, r=8, p=1,
+                                    dklen=32).hex()
+    again = endpoint.secrets_digest(secrets, "svc")
+    assert again != stored  # a fresh salt each install
+    assert endpoint.secrets_match(secrets, "svc", stored)
+    assert endpoint.secrets_match(secrets, "svc", again)
+    (tmp_path / "key").write_text("sk-another-key-0001\n")
+    other = endpoint.read_secrets(tmp_path / "key", None, "d")
+    assert not endpoint.secrets_match(other, "svc", stored)
+    sha = "sha256:" + hashlib.sha256(json.dumps(["svc", KEY, None]).encode()).hexdigest()
+    for bad in (sha, None, "scrypt$$", "scrypt$zz$00", stored.replace("scrypt", "md5")):
+        assert not endpoint.secrets_match(secrets, "svc", bad)
+    assert endpoint.secrets_match(endpoint.Secrets(), "svc", None)
+    assert not endpoint.secrets_match(endpoint.Secrets(), "svc", stored)
 
 
 def test_the_unit_carries_nothing_derived_from_a_secret(tmp_path: Path) -> None:
@@ -301,7 +329,8 @@ def test_secrets_stay_out_of_argv_and_the_log(tmp_path: Path,
     for path in (endpoint.config_file(spec.name), endpoint.env_file(spec.name),
                  endpoint.digest_file(spec.name)):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
-    want = endpoint.secrets_digest(endpoint.Secrets(KEY, TOKEN), spec.name)
+    want = Path(endpoint.digest_file(spec.name)).read_text().strip()
+    assert endpoint.secrets_match(endpoint.Secrets(KEY, TOKEN), spec.name, want)
     with LocalTransport() as t:  # plan's sudo read of the host state finds the digest
         assert hoststate.read(t, []).secrets == {spec.name: want}
     monkeypatch.setattr(remote_facts, "SERVICES_DIR", endpoint.ROOT)  # and so does the probe

@@ -481,3 +481,24 @@ def test_json_escapes_a_hosts_c1_and_bidi_controls(terminal: bool) -> None:
     for raw in ("\u009b", "\x1b", "\x7f", "\u202e", "\u2028", "\u2066"):
         assert raw not in out
     assert json.loads(out)["results"] == {"lines": [line]}
+
+
+def test_inventory_json_leaves_out_the_secrets_digests(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The services' secrets digests (root-only on the host, kept in the facts cache for plan)
+    are never printed: before, `inventory --json` carried them, for anyone a user pastes the
+    output to."""
+    from ddtree_deploy.transport.fanout import Outcome
+
+    digest = "scrypt$" + "ab" * 16 + "$" + "cd" * 32
+    facts = _facts()
+    facts.tool.secrets_digests = {"sglang-ddtree": digest}
+    monkeypatch.setattr("ddtree_deploy.cli.inventory.collect",
+                        lambda config, names, **_: [Outcome("ct200", value=facts)])
+    rc, out, err = _main(capsys, "inventory", "ct200", "--json")
+    assert rc == 0, err
+    doc = check(out, rc)
+    assert isinstance(doc, Success), doc
+    assert "managed_units" in doc.results[0]["tool"]  # the rest of the tool state is there
+    assert digest not in out and "secrets_digests" not in out
+    assert facts.tool.secrets_digests == {"sglang-ddtree": digest}  # plan still reads it

@@ -52,7 +52,7 @@ def inventory(
         from ddtree_deploy.isotime import utc_iso
 
         print_results(out, [
-            {**o.value.model_dump(mode="json"), "ok": True,
+            {**o.value.shown(), "ok": True,
              "taken_at": utc_iso(o.value.taken_at)} if o.value is not None
             else host_failure(o.host, o.error or DeployError("no facts"))
             for o in outcomes

@@ -9,7 +9,7 @@ newer probe.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -224,6 +224,14 @@ class Facts(BaseModel):
             except ValueError:
                 return value  # pydantic says what is wrong with it
         return value
+
+    #: kept in the facts cache for plan, never printed (service/endpoint.py)
+    NOT_SHOWN: ClassVar[dict[str, Any]] = {"tool": {"secrets_digests"}}
+
+    def shown(self) -> dict[str, Any]:
+        """The facts as JSON for a person or a script (`inventory --json`): without the
+        services' secrets digests."""
+        return self.model_dump(mode="json", exclude=self.NOT_SHOWN)
 
     def model(self, path: str) -> ModelDir | None:
         want = path.rstrip("/")

@@ -17,18 +17,23 @@ deployment), read when the unit is installed; the files on the host live in
 /etc/ddtree-deploy/services/<unit stem>/.
 
 A changed key or token restarts the service: next to the secret files, a root-only file
-(mode 0600, `secrets.sha256`) holds a digest of their content; plan reads it as root (the
-facts probe, or sudo when the probe cannot: converge/hoststate.py) and compares it with the
-digest of the workstation's files, so plan writes nothing and the unit, which any local
-user can read, carries nothing derived from a secret. The digest is no weaker a secret
-than the files beside it: only root reads either.
+(mode 0600, `secrets.sha256`, a name kept from its first form) holds a digest of their
+content, `scrypt$<salt hex>$<hash hex>`: scrypt (slow by design) over the service's name and
+the secrets, with a random salt drawn at each install. plan reads it as root (the facts
+probe, or sudo when the probe cannot: converge/hoststate.py) and recomputes it on the
+workstation with that salt from the workstation's files, so plan writes nothing and the
+unit, which any local user can read, carries nothing derived from a secret. The digest is
+never printed (inventory --json leaves it out); should it leak, a weak key still costs
+scrypt's work per guess.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
+import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,13 +115,42 @@ def digest_file(stem: str) -> str:
     return posixpath.join(folder(stem), DIGEST_NAME)
 
 
-def secrets_digest(secrets: Secrets, stem: str) -> str | None:
-    """A digest of the secrets' content (SHA-256, with the service's name): kept on the host
-    in digest_file, root-only, never in the unit; None without secrets."""
+#: scrypt's cost (2**14 x 8: 16 MiB and some 50 ms a digest, as for an interactive login)
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+SALT_BYTES = 16
+
+
+def _scrypt(secrets: Secrets, stem: str, salt: bytes) -> str:
+    material = json.dumps([stem, secrets.api_key, secrets.hf_token]).encode()
+    return hashlib.scrypt(material, salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P,
+                          dklen=32).hex()
+
+
+def secrets_digest(secrets: Secrets, stem: str, salt: bytes | None = None) -> str | None:
+    """The digest kept on the host in digest_file (root-only, never in the unit, never
+    printed): `scrypt$<salt hex>$<hash hex>` of the service's name and the secrets, with a
+    fresh random salt unless one is given; None without secrets."""
     if not secrets.kinds():
         return None
-    material = json.dumps([stem, secrets.api_key, secrets.hf_token]).encode()
-    return "sha256:" + hashlib.sha256(material).hexdigest()
+    salt = os.urandom(SALT_BYTES) if salt is None else salt
+    return f"scrypt${salt.hex()}${_scrypt(secrets, stem, salt)}"
+
+
+def secrets_match(secrets: Secrets, stem: str, stored: str | None) -> bool:
+    """Whether the digest read from the host (`stored`, None when there is none) is that of
+    `secrets` for the service `stem`: recomputed with its salt. A digest of another form
+    (the first tool's SHA-256) never matches: apply installs the files again."""
+    if not secrets.kinds():
+        return stored is None
+    kind, _, rest = (stored or "").partition("$")
+    salt_hex, _, want = rest.partition("$")
+    try:
+        salt = bytes.fromhex(salt_hex)
+    except ValueError:
+        return False
+    if kind != "scrypt" or not salt or not want:
+        return False
+    return hmac.compare_digest(_scrypt(secrets, stem, salt), want)
 
 
 def _put(t: ExecTransport, data: bytes, path: str, mode: int, owner: str | None) -> None:

@@ -57,14 +57,13 @@ def _secrets_change(ctx: Planning, stem: str) -> tuple[str, str] | None:
     change line, nothing of their content), or None when they are."""
     d = ctx.deployment
     try:
-        want = endpoint.secrets_digest(
-            endpoint.read_secrets(d.api_key_file, d.hf_token_file, d.name), stem)
+        secrets = endpoint.read_secrets(d.api_key_file, d.hf_token_file, d.name)
     except ConfigError as exc:
         return str(exc), "install the service's secret files: fails until the file is readable"
     have = ctx.state.secrets.get(stem)
-    if want == have:
+    if endpoint.secrets_match(secrets, stem, have):
         return None
-    if want is None:
+    if not secrets.kinds():
         return "secret files no longer wanted", f"remove {endpoint.folder(stem)}"
     return ("the secret files differ" if have else "no secret files installed",
             f"install the service's secret files in {endpoint.folder(stem)} (content not shown)")
