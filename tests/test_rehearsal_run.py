@@ -7,11 +7,13 @@ per-server hosts file is one the tool accepts, and the checks judge answers as i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +194,65 @@ def test_the_real_h200_runs_validate_and_say_what_they_found() -> None:
     assert not got.checks["sampling/ddtree15-ladder-greedyfollow"]["ok"]
 
 
+def _isolate(monkeypatch: pytest.MonkeyPatch, work: Path, venv: Path) -> None:
+    """The GPU host's scratch folder and venv (harness.WORK, harness.VENV) replaced in every
+    rehearsal module that holds them: run, lineup and run_phases import the names, so
+    patching one module leaves the others on /tmp/rehearsal."""
+    from rehearsal import harness
+
+    real = {"WORK": harness.WORK, "VENV": harness.VENV}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("rehearsal."):
+            for attr, value in (("WORK", work), ("VENV", venv)):
+                if getattr(module, attr, None) == real[attr]:
+                    monkeypatch.setattr(module, attr, value)
+
+
+_WRITTEN: list[list[str]] = []  # the open recorders of _writes (the audit hook's)
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if not _WRITTEN:
+        return
+    paths: tuple[Any, ...] = ()
+    if event == "open":
+        path, mode, flags = args
+        if (mode and any(c in mode for c in "wax+")) or \
+                (flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            paths = (path,)
+    elif event in ("os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree", "os.symlink",
+                   "os.link"):
+        paths = (args[0],)
+    elif event == "os.rename":
+        paths = args[:2]
+    for p in paths:
+        if isinstance(p, (str, bytes, os.PathLike)):
+            _WRITTEN[-1].append(os.path.abspath(os.fsdecode(p)))
+
+
+@contextlib.contextmanager
+def _writes() -> Iterator[list[str]]:
+    """The paths written, made, renamed or removed while inside (an audit hook: added once)."""
+    if not getattr(_audit, "added", False):
+        sys.addaudithook(_audit)
+        _audit.added = True  # type: ignore[attr-defined]
+    _WRITTEN.append([])
+    try:
+        yield _WRITTEN[-1]
+    finally:
+        _WRITTEN.pop()
+
+
+def test_the_write_recorder_sees_writes(tmp_path: Path) -> None:
+    with _writes() as written:
+        (tmp_path / "a").write_text("x")
+        (tmp_path / "d").mkdir()
+        os.replace(tmp_path / "a", tmp_path / "d" / "b")
+        (tmp_path / "d" / "b").read_text()  # a read is not a write
+    assert written == [str(tmp_path / "a"), str(tmp_path / "d"), str(tmp_path / "a"),
+                       str(tmp_path / "d" / "b")]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--phase", "perf", "--warm", "0", "--budget", "265"], "1 start group(s) needs at least 385"),
     (["--phase", "correctness", "--budget", "450"], "in 2 start group(s) needs at least 490 s"),
@@ -218,15 +279,21 @@ def test_bad_options_are_refused_before_anything_runs(
     work, venv = tmp_path / "work", tmp_path / "venv"
     work.mkdir()
     (work / "keep").write_text("x")
-    monkeypatch.setattr(run, "WORK", work)  # were anything to run, it would stay in tmp_path
-    monkeypatch.setattr(run, "VENV", venv)
+    _isolate(monkeypatch, work, venv)  # were anything to run, it would stay in tmp_path
     out = tmp_path / "out"
-    with pytest.raises(SystemExit) as info:
+    with _writes() as written, pytest.raises(SystemExit) as info:
         run.main(["--carry", str(tmp_path), "--out", str(out), *args])
     assert info.value.code == 2
+    assert [w for w in written if not Path(w).is_relative_to(tmp_path)
+            and "__pycache__" not in Path(w).parts] == []
     assert message in capsys.readouterr().err
     assert not out.exists() and not venv.exists()
     assert [p.name for p in work.iterdir()] == ["keep"]  # the scratch folder untouched
+    for name, module in sorted(sys.modules.items()):  # no module kept the GPU host's folders
+        if name.startswith("rehearsal."):
+            for attr in ("WORK", "VENV"):
+                value = getattr(module, attr, None)
+                assert value is None or value.is_relative_to(tmp_path), (name, attr, value)
 
 
 def test_the_default_phases_fit_their_documented_budgets() -> None:
