@@ -57,6 +57,19 @@ def test_a_sampling_parameter_that_changes_the_answer_is_refused_by_name(
     assert info.value.parameter == name and info.value.value == value
 
 
+HUGE = 10**400  # a JSON integer past float's range: float() raises OverflowError
+
+
+@pytest.mark.parametrize("name", ["frequency_penalty", "presence_penalty", "repetition_penalty",
+                                  "min_new_tokens", "logit_bias"])
+@pytest.mark.parametrize("value", [HUGE, -HUGE], ids=["huge", "minus-huge"])
+def test_an_integer_past_floats_range_is_refused_by_name_not_an_overflow(
+        name: str, value: int) -> None:
+    shown = {"5": value} if name == "logit_bias" else value
+    with pytest.raises(adm.Refused, match=f"^DDTREE speculative decoding refuses {name}="):
+        adm.check_sampling({name: shown})
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("frequency_penalty", 0), ("presence_penalty", None), ("repetition_penalty", 1),
     ("min_new_tokens", None), ("logit_bias", {}), ("logit_bias", {"7": 0.0}),

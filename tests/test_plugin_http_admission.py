@@ -304,6 +304,37 @@ def test_a_body_nested_too_deep_is_handed_to_the_route(http_process: Any) -> Non
     assert app.state.reached == [b"[" * 200000]
 
 
+@pytest.mark.parametrize("name", ["frequency_penalty", "presence_penalty",
+                                  "repetition_penalty", "min_new_tokens"])
+def test_a_penalty_past_floats_range_is_a_400_naming_it_not_a_500(http_process: Any,
+                                                                   name: str) -> None:
+    """A 400-digit integer: float() raised OverflowError through the middleware (a 500)."""
+    app, _ = http_process("0.5.17")
+    for stream in (True, False):
+        got = post(app, {"input_ids": [1], "stream": stream,
+                         "sampling_params": {name: 10**400}})
+        assert got.status_code == 400, (stream, got.text)
+        assert got.json()["error"]["message"].startswith(
+            f"DDTREE speculative decoding refuses {name}=")
+
+
+def test_an_unexpected_error_in_the_check_hands_the_request_to_the_route(
+        http_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the check raises besides a refusal, the middleware answers no 500: the route
+    gets the request (and the tokenizer manager's hook stands behind it)."""
+    from ddtree import admission
+
+    app, _ = http_process("0.5.17")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise ArithmeticError("a check that failed unexpectedly")
+
+    monkeypatch.setattr(admission, "check_request", broken)
+    got = asyncio.run(_raw(app, json.dumps({"input_ids": [1], "stream": True}).encode()))
+    assert got == 200 and len(app.state.reached) == 1  # the route served it (its hook is the
+    # one made at start, which kept the real check)
+
+
 def test_a_deeply_nested_field_is_decided_without_recursion() -> None:
     from ddtree.admission import Refused, check_request
 

@@ -81,8 +81,8 @@ def _equals(neutral: float) -> Callable[[Any], bool]:
             return True  # SamplingParams reads None as the default (the neutral value)
         try:
             return float(value) == neutral
-        except (TypeError, ValueError):
-            return False  # SGLang itself refuses it; here it is not neutral
+        except (OverflowError, TypeError, ValueError):
+            return False  # SGLang itself refuses it (or an int past float): not neutral
 
     return ok
 
@@ -94,7 +94,7 @@ def _zero_bias(value: Any) -> bool:
         return False
     try:
         return all(float(v) == 0.0 for v in value.values())
-    except (TypeError, ValueError):
+    except (OverflowError, TypeError, ValueError):
         return False
 
 
