@@ -28,14 +28,19 @@ GROUP = "sglang.srt.plugins"
 TIMEOUT_S = 600
 
 
+def _pip_install(venv: Path, wheel: Path) -> None:
+    """The venv's own pip installs WHEEL (offline, no dependencies), as a user would."""
+    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-index", "--no-compile", "--disable-pip-version-check", str(wheel)],
+                   check=True)
+
+
 def _venv(root: Path, name: str, wheel: Path, *, pip: bool = False) -> Path:
     venv = root / name
     subprocess.run([sys.executable, "-m", "venv", *([] if pip else ["--without-pip"]),
                     str(venv)], check=True)
     if pip:
-        subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-index", "--no-compile", "--disable-pip-version-check", str(wheel)],
-                       check=True)
+        _pip_install(venv, wheel)
     else:
         site = next((venv / "lib").glob("python3.*/site-packages"))
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
@@ -157,9 +162,7 @@ def test_a_patched_0511_venv_moves_to_the_plugin_when_its_sglang_becomes_0517(wo
     assert "deployed (sglang 0.5.11, payload" in said
     added = sorted(p.name for p in (_sglang(venv) / "srt/speculative").glob("ddtree_*.py"))
     assert added, "the patch set adds modules"
-    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-index", "--no-compile", "--disable-pip-version-check",
-                    str(wheelcache.wheel("sglang", "0.5.17"))], check=True)
+    _pip_install(venv, wheelcache.wheel("sglang", "0.5.17"))
     leftover = sorted(p.name for p in (_sglang(venv) / "srt/speculative").glob("ddtree_*.py"))
     assert leftover == added, "pip leaves the files the patch set added"
     said = _ok(cli(world, "deploy", "localhost", "--venv", str(venv)))
@@ -176,9 +179,7 @@ def test_a_plugin_venv_goes_back_to_the_patch_set_when_its_sglang_becomes_0511(w
     said = _ok(cli(world, "deploy", "localhost", "--venv", str(venv)))
     assert "deployed (sglang 0.5.17, plugin" in said
     assert _entry_points(venv) == ["ddtree"]
-    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-index", "--no-compile", "--disable-pip-version-check",
-                    str(wheelcache.wheel("sglang", "0.5.11"))], check=True)
+    _pip_install(venv, wheelcache.wheel("sglang", "0.5.11"))
     said = _ok(cli(world, "deploy", "localhost", "--venv", str(venv)))
     assert "uninstalled" in said and "deployed (sglang 0.5.11, payload" in said, said
     assert _entry_points(venv) == []
