@@ -137,13 +137,15 @@ def test_only_refusals_naming_dflash_alone_are_renamed(sglang_path: Path) -> Non
     cases = [(ddtree, ValueError("DFLASH needs X")), (ddtree, RuntimeError("DFLASH needs X")),
              (dflash, ValueError("DFLASH needs X")),
              (ddtree, ValueError("DDTREE cannot; use --speculative-algorithm DFLASH")),
-             (ddtree, ValueError("no algorithm named")), (ddtree, KeyError("DFLASH"))]
+             (ddtree, ValueError("no algorithm named")), (ddtree, KeyError("DFLASH")),
+             (ddtree, AttributeError("model lacks DFLASH layer capture"))]
     said = []
     for args, exc in cases:
         with pytest.raises(type(exc)) as got, ddtree_named(args):
             raise exc
         said.append(str(got.value) if got.value is not exc else "same")
-    assert said == ["DDTREE needs X", "DDTREE needs X", "same", "same", "same", "same"]
+    assert said == ["DDTREE needs X", "DDTREE needs X", "same", "same", "same", "same",
+                    "model lacks DDTREE layer capture"]
 
 
 def test_ddtree_with_a_named_non_triton_backend_is_refused_with_the_flag(

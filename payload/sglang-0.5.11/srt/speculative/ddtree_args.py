@@ -29,7 +29,10 @@ the target's attention backend, CUDA graphs and KV accounting size for.
 
 DFlash's checks refuse in DFLASH's name; ``ServerArgs.__post_init__`` runs them inside
 :func:`ddtree_named`, so a DDTREE user reads DDTREE in those refusals (the text only: same
-exception type, raised at the same check; DFLASH users read the release's own text).
+exception type, raised at the same check; DFLASH users read the release's own text). So does the
+scheduler's ``init_model_worker``: the target's start-up checks for a DFlash drafter (its config,
+the layers it reads), the drafter's load, ``DFlashWorker.__init__`` (the mask token) and
+``DDTreeWorker.__init__`` all run inside it.
 """
 
 from __future__ import annotations
@@ -45,18 +48,22 @@ logger = logging.getLogger(__name__)
 DDTREE = "DDTREE"
 DEFAULT_BUDGET = 32
 MAX_BUDGET = 1024
+# What DFlash's start-up checks raise (AttributeError: a target model without DFlash's layer
+# capture, e.g. kimi_k25.py).
+_RENAMED = (ValueError, RuntimeError, AttributeError)
 
 
 @contextlib.contextmanager
 def ddtree_named(args: Any) -> Iterator[None]:
     """A refusal naming DFLASH alone, raised for a DDTREE server (DFlash's own checks, which
-    DDTREE runs too), is raised again naming DDTREE: same type, same text otherwise."""
+    DDTREE runs too), is raised again naming DDTREE: same type, same text otherwise. Only the
+    plain types SGLang refuses with (a subclass may take other arguments than its text)."""
     try:
         yield
-    except (ValueError, RuntimeError) as exc:
+    except _RENAMED as exc:
         text = str(exc)
         if getattr(args, "speculative_algorithm", None) != DDTREE or "DFLASH" not in text \
-                or DDTREE in text or type(exc) not in (ValueError, RuntimeError):
+                or DDTREE in text or type(exc) not in _RENAMED:
             raise
         raise type(exc)(text.replace("DFLASH", DDTREE)) from None
 
