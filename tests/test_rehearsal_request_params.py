@@ -310,6 +310,40 @@ def test_session_7s_calls_validate_and_say_what_results_md_reports() -> None:
     assert patch.perf8b["syncs"]["ddtree15-8b"] == {"syncs_per_round": 1.5, "limit": 2, "ok": True}
 
 
+def test_session_8s_calls_validate_and_say_what_results_md_reports() -> None:
+    """Session 8's device calls 1 (SGLang 0.5.17 + plugin 0.3.3, both verify switches on) and 2
+    (0.5.11 + the patch set's correctness phase), copied from the device's output (SYNTHETIC
+    models): the numbers benchmarks/RESULTS.md quotes."""
+    plugin = _call("h200-s8-call1-sglang0517-plugin033-correctness-request-params.json")
+    patch = _call("h200-s8-call2-sglang0511-correctness.json")
+    assert (plugin.sglang, patch.sglang) == ("0.5.17", "0.5.11")
+    assert plugin.checks["request-params/verdict"]["ok"] is True  # type: ignore[call-overload]
+    # session 7's failing row: every streamed refusal is now a 400 naming DDTREE
+    for server in ("rp-ddtree15", "rp-ddtree31-nograph"):
+        rows = plugin.checks[f"request-params/{server}/refusals"]["rows"]  # type: ignore[call-overload]
+        assert len(rows) == 8
+        for row in rows.values():
+            for route in ("generate", "generate-stream", "v1", "v1-stream"):
+                assert (row[route]["status"], row[route]["named"]) == (400, True), route
+            assert row["neutral"]["status"] == 200
+    verify = plugin.checks["round-graphs/servers"]  # type: ignore[call-overload]
+    on = "tree kernel on (SGLANG_DDTREE_TREE_ATTENTION=1); CUDA graphs with the tree's mask"
+    for name in ("ddtree15-ladder", "ddtree63-ladder", "ddtree15-alarm", "rp-ddtree15"):
+        assert verify[name]["target_verify"].startswith(on), name
+    assert verify["ddtree31-ladder"]["target_verify"].startswith("tree kernel off")
+    for got in (plugin, patch):
+        for n, length in ((15, 3.81), (31, 4.71), (63, 5.56)):
+            acc = got.checks[f"accept/ddtree{n}-ladder"]  # type: ignore[call-overload]
+            assert acc["ok"] and round(acc["reported"]["spec_accept_length"], 2) == length
+        lossless = {k: v for k, v in got.checks.items() if k.startswith("lossless/")}
+        assert lossless.pop("lossless/ddtree15-alarm-maskfault")["wrong"] == 40  # type: ignore[index]
+        assert len(lossless) >= 5 and all(v["wrong"] == 0 and v["ok"]  # type: ignore[index]
+                                          for v in lossless.values())
+    assert not patch.not_run and not patch.errors
+    assert not patch.checks["sampling/ddtree15-ladder-hot"]["ok"]  # type: ignore[call-overload]
+    assert patch.checks["sampling/ddtree15-ladder"]["ok"]  # type: ignore[call-overload]
+
+
 def test_a_streamed_refusal_inside_a_started_stream_fails_the_refusals_check() -> None:
     """Session 7's 0.5.17 finding: HTTP 200, then ``data: {"error": ...}`` naming DDTREE; the
     phase must flag it on both streamed routes and pass the same server's other routes."""
