@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # or the descriptor is gone.
 _OUTPUT_LOST = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF)
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+# The widths rich and typer lay text out at ($COLUMNS, typer's $TERMINAL_WIDTH): narrower
+# than MIN_WIDTH every box and cell folds to nothing (help, a usage error, a table lost),
+# wider than MAX_WIDTH a line pads without end; a terminal wraps what is wider than it.
+MIN_WIDTH, MAX_WIDTH = 40, 1000
 
 
 # The commands in the order `--help` lists them: (name, module of ddtree_deploy.cli, attribute,
@@ -231,6 +235,27 @@ def _output_lost(exc: OSError) -> None:
         sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
 
 
+def _usable_width() -> None:
+    """$COLUMNS and $TERMINAL_WIDTH brought to MIN_WIDTH..MAX_WIDTH (one that is no whole
+    number dropped: typer would raise on it), and a terminal narrower than MIN_WIDTH laid out
+    at MIN_WIDTH, so that no message or cell is folded away."""
+    for name in ("COLUMNS", "TERMINAL_WIDTH"):
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        if not value.strip().isascii() or not value.strip().isdigit():
+            del os.environ[name]
+        else:
+            os.environ[name] = str(min(max(int(value), MIN_WIDTH), MAX_WIDTH))
+    if "COLUMNS" in os.environ:
+        return
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if 0 < os.get_terminal_size(fd).columns < MIN_WIDTH:
+                os.environ["COLUMNS"] = str(MIN_WIDTH)
+            return
+
+
 def _standard_streams() -> bool:
     """Make the standard streams safe to use; False when stdout was closed (`>&-`).
 
@@ -265,6 +290,7 @@ def main(argv: "list[str] | None" = None) -> None:
         sys.stderr.write("error: cannot write the output: standard output is closed (>&-); "
                          "nothing was done (redirect it to /dev/null to discard it)\n")
         sys.exit(1)
+    _usable_width()
     args = root_options_first(list(sys.argv[1:] if argv is None else argv))
     # Ctrl-C during the imports: a line and 130, not a traceback; a SIGINT the caller ignored
     # (a background job of a shell without job control) stays ignored, as later in the run

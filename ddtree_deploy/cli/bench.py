@@ -9,7 +9,14 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from ddtree_deploy.cli.common import config_of, console, is_tty, print_results, rich_console
+from ddtree_deploy.cli.common import (
+    MAX_WAIT_S,
+    config_of,
+    console,
+    is_tty,
+    print_results,
+    rich_console,
+)
 from ddtree_deploy.errors import ExitCode, RefusedError, UsageError
 
 
@@ -103,9 +110,9 @@ def run(
                                      help="results JSON (default: the XDG state folder)"),
     label: str = typer.Option(None, "--label", help="a note kept with the results, e.g. "
                                                     "'synthetic: dummy weights'"),
-    deadline: float = typer.Option(900.0, "--deadline", min=1,
+    deadline: float = typer.Option(900.0, "--deadline", min=1, max=MAX_WAIT_S,
                                    help="seconds for each start's probe"),
-    warmup: float = typer.Option(600.0, "--warmup", min=1,
+    warmup: float = typer.Option(600.0, "--warmup", min=1, max=MAX_WAIT_S,
                                  help="seconds the probe's first tokens may take (JIT compiles)"),
     force: bool = typer.Option(False, "--force", help="use a GPU other processes hold or a "
                                                       "taken port anyway (as service up)"),

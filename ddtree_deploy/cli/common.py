@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+MAX_WAIT_S = 86400.0  # a deadline or timeout flag: longer than a day is a typo, inf a hang
+MAX_PID = 1 << 22  # Linux's largest process id (pid_max's limit)
+
+
 class _LazyConsole:
     """A rich Console made on first use, so a command that prints plain JSON to a pipe never
     loads rich (about 15 ms of every start)."""

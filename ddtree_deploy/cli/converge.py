@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ddtree_deploy.cli.common import (
+    MAX_WAIT_S,
     config_of,
     console,
     host_failure,
@@ -177,7 +178,7 @@ def apply(
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
     concurrency: int = typer.Option(4, "--concurrency", min=1, max=32,
                                     help="hosts converged at once"),
-    deadline: float = typer.Option(180.0, "--probe-deadline", min=1,
+    deadline: float = typer.Option(180.0, "--probe-deadline", min=1, max=MAX_WAIT_S,
                                    help="seconds each service's health probe may take"),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                 help="-v: each command sent to a host, its exit and seconds, "

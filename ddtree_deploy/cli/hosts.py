@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from ddtree_deploy.cli.common import (
+    MAX_WAIT_S,
     WIDE_HELP,
     config_of,
     console,
@@ -122,7 +123,7 @@ def trust(
     ctx: typer.Context,
     host: str = typer.Argument(..., help="host name from hosts.yaml, or addr[:port]"),
     yes: bool = typer.Option(False, "--yes", "-y", help="record the key without asking"),
-    connect_timeout: float = typer.Option(10.0, "--timeout", min=0.1,
+    connect_timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=MAX_WAIT_S,
                                           help="seconds to wait for the host"),
     as_json: bool = AS_JSON,
 ) -> None:

@@ -7,7 +7,14 @@ from typing import Any
 import typer
 
 from ddtree_deploy import __version__
-from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_results
+from ddtree_deploy.cli.common import (
+    MAX_PID,
+    MAX_WAIT_S,
+    WIDE_HELP,
+    config_of,
+    console,
+    print_results,
+)
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.hosts import Config, HostSpec
 from ddtree_deploy.errors import DeployError, UsageError
@@ -115,7 +122,8 @@ def up(
                                                    "KV cache, 0-1"),
     service_name: str = typer.Option(None, "--name", help="unit name without a deployment"),
     force: bool = typer.Option(False, "--force", help="use a busy GPU or taken port anyway"),
-    deadline: float = typer.Option(180.0, "--deadline", min=1, help="seconds for the probe"),
+    deadline: float = typer.Option(180.0, "--deadline", min=1, max=MAX_WAIT_S,
+                                   help="seconds for the probe"),
     no_probe: bool = typer.Option(False, "--no-probe", help="install and start only"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -324,15 +332,16 @@ def probe(
     service: str = typer.Argument(
         None, help="deployment or unit (default: the host's only one; none with --port and "
                    "--pid on a host without systemd)"),
-    deadline: float = typer.Option(120.0, "--deadline", min=0.5, help="seconds before giving up"),
+    deadline: float = typer.Option(120.0, "--deadline", min=0.5, max=MAX_WAIT_S,
+                                  help="seconds before giving up"),
     port: int = typer.Option(None, "--port", min=1, max=65535,
                              help="the service's port (default: from its unit)"),
-    pid: int = typer.Option(None, "--pid", min=1,
+    pid: int = typer.Option(None, "--pid", min=1, max=MAX_PID,
                             help="without systemd: the server's process id (its exit is a crash)"),
     log_file: str = typer.Option(None, "--log-file",
                                  help="without systemd: the server's log file on the host, read "
                                       "for crash signatures as the journal is"),
-    warmup: float = typer.Option(300.0, "--warmup", min=0.5,
+    warmup: float = typer.Option(300.0, "--warmup", min=0.5, max=MAX_WAIT_S,
                                  help="seconds the greedy and sampled generations may wait for "
                                       "their first tokens (JIT compiles), apart from --deadline"),
     as_json: bool = typer.Option(False, "--json"),

@@ -34,17 +34,20 @@ from pydantic import (
 
 from ddtree_deploy.settings.model import DdtreeSettings, ServerSettings
 from ddtree_deploy.settings.values import (
-    NonNegInt,
+    MAX_GPUS,
     Port,
     RemotePath,
     StrictModel,
     expand_vars,
     quoted_text,
+    ranged,
+    unit_char_problem,
 )
 
 HOST_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 ITEM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 UNIT_STEM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.\\-]*\Z")
+USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")  # systemd's User= and useradd's
 _HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
 
 CudaLane = Literal["cu128", "cu130"]
@@ -56,15 +59,18 @@ SudoMode = Literal["auto"] | bool
 # ---- value checks (each raises ValueError with the expectation; the loader adds "got ...")
 
 
+MAX_SECONDS = 7 * 86400.0  # a timeout longer than a week is a typo (or .inf, or .nan)
+
+
 def _positive(value: float) -> float:
-    if value <= 0:
-        raise ValueError("must be a number of seconds greater than 0")
+    if not 0 < value <= MAX_SECONDS:
+        raise ValueError(f"must be a number of seconds greater than 0, at most {MAX_SECONDS:.0f}")
     return value
 
 
 def _non_negative(value: float) -> float:
-    if value < 0:
-        raise ValueError("must be a number of seconds, 0 or more")
+    if not 0 <= value <= MAX_SECONDS:
+        raise ValueError(f"must be a number of seconds, 0 to {MAX_SECONDS:.0f}")
     return value
 
 
@@ -92,6 +98,16 @@ def _address(value: str) -> str:
 def _no_space(value: str) -> str:
     if not value or any(c.isspace() for c in value) or "@" in value:
         raise ValueError("expected a non-empty name without spaces or '@'")
+    problem = unit_char_problem(value)
+    if problem:
+        raise ValueError(f"expected a name without control characters: it {problem}")
+    return value
+
+
+def _user_name(value: str) -> str:
+    if not USER_NAME_RE.match(value):
+        raise ValueError("expected a user name of the host (letters, digits, '_', '.' and '-', "
+                         "not starting with '-', at most 32 characters)")
     return value
 
 
@@ -152,6 +168,8 @@ Address = Annotated[
     str, BeforeValidator(quoted_text("a hostname or IP address")), AfterValidator(_address)
 ]
 SshName = Annotated[str, BeforeValidator(quoted_text("a name")), AfterValidator(_no_space)]
+UserName = Annotated[str, BeforeValidator(quoted_text("a user name")),
+                     AfterValidator(_user_name)]
 PepVersion = Annotated[str, BeforeValidator(quoted_text("a version")), AfterValidator(_version)]
 PepRequirement = Annotated[
     str, BeforeValidator(quoted_text("a requirement")), AfterValidator(_requirement)
@@ -196,7 +214,7 @@ class _Model(StrictModel):
 
 
 class ExpectedGpus(_Model):
-    count: NonNegInt
+    count: Annotated[int, AfterValidator(ranged(0, MAX_GPUS))]
     model: Annotated[str, BeforeValidator(quoted_text("a GPU model name"))] | None = None
 
 
@@ -300,7 +318,7 @@ class Deployment(_Model, ServerSettings):
     # every interface), the user it runs as (default root), and its secrets, each read from
     # a file on the workstation into a 0600 file on the host (never argv, unit or journal).
     bind: Address | None = None
-    user: SshName | None = None
+    user: UserName | None = None
     api_key_file: LocalPath | None = None
     hf_token_file: LocalPath | None = None
 

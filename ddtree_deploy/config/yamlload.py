@@ -13,7 +13,9 @@ converted by hand, so that:
 Scalars are typed by the safe loader's rules (``22`` is an int, ``true`` a bool,
 ``null`` None). A tag other than the plain ones (``!!str``, ``!!int``, ``!!map`` ...)
 is refused on any node, a string holding a NUL character is refused (no path,
-name or command can hold one).
+name or command can hold one), and so is a number YAML 1.1 reads otherwise than a
+person or YAML 1.2 would (``030001`` is octal 12289, ``500:01`` base 60; also ``0x``,
+``0b`` and ``_``-grouped digits): plain decimal digits only.
 
 Hostile documents are refused while they are composed, before anything is built
 from them, each with its file and line: an alias that refers to a node still
@@ -26,6 +28,7 @@ MAX_BYTES.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -42,6 +45,9 @@ from ddtree_deploy.errors import ConfigError
 PathKey = tuple[str | int, ...]
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+INT_TAG = "tag:yaml.org,2002:int"
+FLOAT_TAG = "tag:yaml.org,2002:float"
+_DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
 MAP_TAG = "tag:yaml.org,2002:map"
 SEQ_TAG = "tag:yaml.org,2002:seq"
 SCALAR_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in
@@ -204,6 +210,13 @@ class _Builder:
             self._problem(node, path, f"cannot read this value: {problem}")
             self.result.unreadable.append(path)
             return None
+        form = _number_form(node)
+        if form is not None:
+            self._problem(node, path, f"{node.value} is read as {value} ({form}, as YAML 1.1 reads "
+                          "it): write the number in plain decimal digits, or quote it if it "
+                          "is text")
+            self.result.unreadable.append(path)
+            return None
         if isinstance(value, str) and "\0" in value:
             self._problem(node, path, "contains a NUL character (\\0), which no path, name "
                           "or command can hold")
@@ -268,6 +281,25 @@ class _Builder:
                 continue
             pairs.extend(source.value)
         return pairs
+
+
+def _number_form(node: ScalarNode) -> str | None:
+    """How a number written other than in plain decimal is read: YAML 1.1 (PyYAML) reads
+    030001 as octal 12289 and 500:01 as base 60, where YAML 1.2 and a reader see other
+    values; such a number is refused rather than guessed."""
+    text = node.value
+    if node.tag == INT_TAG and not _DECIMAL_INT.match(text):
+        digits = text.lstrip("+-")
+        if ":" in digits:
+            return "base 60"
+        if "_" in digits:
+            return "digits grouped with '_'"
+        if digits[:2] in ("0x", "0b"):
+            return "hexadecimal" if digits[1] == "x" else "binary"
+        return "octal"
+    if node.tag == FLOAT_TAG and (":" in text or "_" in text):
+        return "base 60" if ":" in text else "digits grouped with '_'"
+    return None
 
 
 def _decode(raw: bytes, file: str) -> str:

@@ -34,8 +34,9 @@ from ddtree_deploy.settings.values import (
     EnvName,
     EnvValue,
     Fraction,
+    GpuCount,
+    GpuIndex,
     GrammarBackend,
-    NonNegInt,
     Port,
     PosInt,
     RemotePath,
@@ -190,8 +191,8 @@ class ServerSettings(StrictModel):
     sampling_backend: SamplingBackend | None = None
     mem_fraction_static: Fraction | None = None
     context_length: PosInt | None = None
-    tp_size: PosInt = 1
-    gpu: NonNegInt | None = None  # the first GPU (None: chosen from the facts)
+    tp_size: GpuCount = 1
+    gpu: GpuIndex | None = None  # the first GPU (None: chosen from the facts)
     port: Port | None = None  # None: chosen from the facts
     cuda_graph: bool = True
     extra_args: list[ServerArg] = Field(default_factory=list)

@@ -203,8 +203,11 @@ def _server_arg(value: str) -> str:
     return value
 
 
+MAX_GPUS = 64  # GPUs of one host, more than any machine has: a bound, not a guess
 Port = Annotated[int, AfterValidator(ranged(1, 65535))]
 NonNegInt = Annotated[int, AfterValidator(ranged(0))]
+GpuIndex = Annotated[int, AfterValidator(ranged(0, MAX_GPUS - 1))]
+GpuCount = Annotated[int, AfterValidator(ranged(1, MAX_GPUS))]
 PosInt = Annotated[int, AfterValidator(ranged(1))]
 TreeSize = Annotated[int, AfterValidator(ranged(1, 1024))]
 Fraction = Annotated[float, AfterValidator(_fraction)]
