@@ -16,6 +16,7 @@ the process's environment.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import stat
@@ -358,6 +359,54 @@ def test_secrets_stay_out_of_argv_and_the_log(tmp_path: Path,
     with LocalTransport() as t:  # no secrets wanted any more: the folder goes
         endpoint.install_secrets(t, spec.name, endpoint.Secrets(), None)
     assert not Path(endpoint.folder(spec.name)).exists()
+
+
+@pytest.mark.integration
+def test_the_secrets_digest_read_from_the_host_is_never_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan reads each service's digest from its host: with sudo (hoststate) or in the facts
+    probe's answer. apply -v/-vv shows every command and, at -vv, each line it prints; an
+    error carries a failed command's output. The digest (nor its salt or hash, nor the first
+    tool's SHA-256 form) is in none of it, yet plan reads it whole."""
+    from rich.console import Console
+
+    from ddtree_deploy.cli.applyview import ApplyView
+    from ddtree_deploy.errors import RemoteCommandError, output_of
+    from ddtree_deploy.transport import Command
+
+    monkeypatch.setattr(endpoint, "ROOT", str(tmp_path / "services"))
+    monkeypatch.setattr(remote_facts, "SERVICES_DIR", endpoint.ROOT)
+    with LocalTransport() as t:
+        endpoint.install_secrets(t, "sglang-keyed", endpoint.Secrets(KEY, TOKEN), None)
+    want = Path(endpoint.digest_file("sglang-keyed")).read_text().strip()
+    _, salt, hashed = want.split("$")
+    legacy = hashlib.sha256(f"{KEY}{TOKEN}".encode()).hexdigest()  # the first tool's form
+    Path(endpoint.folder("sglang-old")).mkdir()
+    Path(endpoint.digest_file("sglang-old")).write_text(legacy + "\n")
+    buf = io.StringIO()
+    view = ApplyView(Console(file=buf, force_terminal=False, width=200), verbose=2,
+                     terminal=False)
+    seen: list[str] = []
+    t = LocalTransport("ct200")
+    t.listeners = view.listeners("ct200")
+    t.observers = (view.observer("ct200"), lambda *said: seen.append(repr(said)))
+    state = hoststate.read(t, [])  # plan's sudo read
+    probe = t.run(Command.of(sys.executable, "-c", "import json, sys; sys.path[:0] = sys.argv[1:2];"
+                             "from ddtree_deploy.remote import facts; facts.SERVICES_DIR = "
+                             "sys.argv[2]; print(json.dumps(facts.tool_state()))",
+                             str(Path(__file__).resolve().parents[1]), endpoint.ROOT))
+    failed = t.run(Command.shell('cat "$1" >&2; exit 3', endpoint.digest_file("sglang-keyed")))
+    with pytest.raises(RemoteCommandError) as error:
+        failed.check()
+    assert state.secrets == {"sglang-keyed": want, "sglang-old": "other"}
+    assert json.loads(probe.stdout)["secrets_digests"] == state.secrets
+    assert not endpoint.secrets_match(endpoint.Secrets(KEY, TOKEN), "sglang-old", "other")
+    shown = buf.getvalue()
+    assert "@secrets" in shown and '"secrets_digests"' in shown  # -vv showed both answers
+    everything = shown + "".join(seen) + str(error.value) + output_of(error.value)
+    for value in (want, salt, hashed, legacy, KEY, TOKEN):
+        assert value not in everything
+    assert "sglang-keyed ***" in shown and '"sglang-keyed": "***"' in shown
 
 
 def test_the_probe_reads_where_the_unit_listens_and_its_key_file(tmp_path: Path) -> None:

@@ -1,7 +1,10 @@
 """The host state plan/apply reads besides facts, in one round trip: the installed text of
 each deployment's unit, the units this tool created (with their deployment), the
 restarts an earlier run left pending, and each service's secrets digest (root-only:
-service/endpoint.py). Read with sudo when the facts probe could not read it."""
+service/endpoint.py). Read with sudo when the facts probe could not read it. A digest of
+another form than scrypt's (the first tool's SHA-256) comes back as `other`, never itself: it
+never matches (the secrets are installed again), and what the host sends is shown at -vv and
+logged, where only scrypt's form is masked (transport/command.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ echo "@pending"
 echo "@secrets"
 for f in "$services"/*/"$digest"; do
   [ -f "$f" ] || continue
-  echo "$(basename "$(dirname "$f")") $(head -c 256 "$f" | head -n 1)"
+  d=$(head -c 256 "$f" | head -n 1)
+  case "$d" in scrypt[$]*) ;; *) d=other ;; esac
+  echo "$(basename "$(dirname "$f")") $d"
 done
 echo "@done"
 """

@@ -23,8 +23,9 @@ the secrets, with a random salt drawn at each install. plan reads it as root (th
 probe, or sudo when the probe cannot: converge/hoststate.py) and recomputes it on the
 workstation with that salt from the workstation's files, so plan writes nothing and the
 unit, which any local user can read, carries nothing derived from a secret. The digest is
-never printed (inventory --json leaves it out); should it leak, a weak key still costs
-scrypt's work per guess.
+never printed: inventory --json leaves it out, and what apply shows or logs of the commands
+that read it (-v, -vv, errors, the run log) has it as *** by its form (transport/command.py);
+should it leak, a weak key still costs scrypt's work per guess.
 """
 
 from __future__ import annotations
