@@ -36,7 +36,10 @@ def _setup(case: dict[str, Any], tmp_path: Path, values: dict[str, str]) -> None
     for rel, hexed in case.get("bytes", {}).items():
         (tmp_path / rel).write_bytes(bytes.fromhex(hexed))
     for rel in case.get("fifos", []):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(tmp_path / rel)
+    for rel, target in case.get("links", {}).items():
+        os.symlink(_fill(target, values), tmp_path / rel)
     if "deep_json" in case:
         (tmp_path / case["deep_json"]).write_text("[" * 200_000 + "]" * 200_000)
 

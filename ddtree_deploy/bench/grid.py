@@ -219,11 +219,11 @@ def load(path: Path, known_workloads: tuple[str, ...]) -> Grid:
     Read by hosts.yaml's bounded loader (config/yamlload.py): a regular file of at most
     4 MiB (a FIFO or /dev/zero refused unread), aliases and nesting bounded, duplicate
     keys and unusual tags refused, every node's line kept."""
-    from ddtree_deploy.config.yamlload import load_yaml_file
+    from ddtree_deploy.config.yamlload import load_yaml_file, render_problems
 
     loaded = load_yaml_file(path, "a bench grid (YAML)")
     if loaded.problems:
-        raise ConfigError("\n".join(p.render(str(path)) for p in loaded.problems))
+        raise ConfigError(render_problems(loaded.problems, str(path)))
     return _from_doc(loaded.data, str(path), known_workloads, loaded.line_of)
 
 

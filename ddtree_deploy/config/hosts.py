@@ -40,6 +40,7 @@ from ddtree_deploy.config.yamlload import (
     load_yaml_file,
     parse_yaml,
     path_part,
+    render_problems,
 )
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.resources import embedded_hosts_file
@@ -119,10 +120,12 @@ def locate_hosts_file(cli_path: Path | None = None) -> tuple[Path, str]:
     from_env = os.environ.get(ENV_VAR)
     if from_env:
         return _must_exist(Path(from_env).expanduser(), f"${ENV_VAR}={from_env}"), FROM_ENV
-    for candidate, source in ((Path("hosts.yaml"), FROM_CWD),
-                              (config_dir() / "hosts.yaml", FROM_XDG)):
-        if candidate.is_file():
-            return candidate, source
+    for candidate, source, where in ((Path("hosts.yaml"), FROM_CWD, "./hosts.yaml"),
+                                     (config_dir() / "hosts.yaml", FROM_XDG, "the XDG config")):
+        # a folder, FIFO or dangling link there is a user's mistake, not a reason to fall
+        # through to the embedded lab file and its addresses
+        if os.path.lexists(candidate):
+            return _must_exist(candidate, where), source
     return embedded_hosts_file(), EMBEDDED
 
 
@@ -235,7 +238,7 @@ class _Loader:
         ]
         if self.problems:
             unique = sorted(set(self.problems), key=lambda p: (p.line, str(p.path), p.message))
-            raise ConfigError("\n".join(p.render(self.file) for p in unique))
+            raise ConfigError(render_problems(unique, self.file))
         return Config(self.path, hosts, resolved, self.doc.line_of)
 
     def _top(self, data: dict[Any, Any]) -> None:

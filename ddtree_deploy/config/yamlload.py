@@ -151,6 +151,19 @@ class LoadedYaml:
         return self.value_lines.get((), 1)
 
 
+MAX_SHOWN = 20  # problems said one per line; a file of thousands says how many more
+
+
+def render_problems(problems: list[Problem], file: str) -> str:
+    """The problems of `file`, one a line, the first MAX_SHOWN and how many more: a file
+    wrong in 15,000 places is not 15,000 lines (a megabyte) of error."""
+    lines = [p.render(file) for p in problems[:MAX_SHOWN]]
+    if len(problems) > MAX_SHOWN:
+        lines.append(f"{file}: ... and {len(problems) - MAX_SHOWN} more problems "
+                     f"(the first {MAX_SHOWN} are shown)")
+    return "\n".join(lines)
+
+
 def dotted(path: PathKey) -> str:
     """``("deployments", "x", "extra_args", 2)`` -> ``deployments.x.extra_args[2]``."""
     out = ""

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ddtree_deploy.config.yamlload import Problem, load_yaml_file, path_part
+from ddtree_deploy.config.yamlload import Problem, load_yaml_file, path_part, render_problems
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.settings.messages import describe, english
 
@@ -25,7 +25,7 @@ def load_model(path: Path, model: type[M], what: str) -> M:
         raise ConfigError(f"{file}: no such file ({what})")
     doc = load_yaml_file(path)
     if doc.problems:
-        raise ConfigError("\n".join(p.render(file) for p in doc.problems))
+        raise ConfigError(render_problems(doc.problems, file))
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{file}:{doc.line_of(())}: expected a mapping ({what}), "
                           f"got {describe(doc.data)}")
@@ -37,4 +37,4 @@ def load_model(path: Path, model: type[M], what: str) -> M:
             loc = tuple(path_part(p) if not isinstance(p, int) else p for p in error["loc"])
             problems.append(Problem(doc.line_of(loc), loc, english(error, model)))
         unique = sorted(set(problems), key=lambda p: (p.line, str(p.path), p.message))
-        raise ConfigError("\n".join(p.render(file) for p in unique)) from None
+        raise ConfigError(render_problems(unique, file)) from None

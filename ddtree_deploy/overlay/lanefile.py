@@ -24,7 +24,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from ddtree_deploy.config.schema import quoted_text
-from ddtree_deploy.config.yamlload import Problem, load_yaml_file
+from ddtree_deploy.config.yamlload import Problem, load_yaml_file, render_problems
 from ddtree_deploy.config.yamlmodel import load_model
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.remote.facts_parse import canonical_name
@@ -217,7 +217,7 @@ def _cross_check(lane: Lane, path: Path) -> None:
                                     f"'{checks.torch_cuda}' (major {major})"))
     if problems:
         problems.sort(key=lambda p: (p.line, str(p.path)))
-        raise ConfigError("\n".join(p.render(str(path)) for p in problems))
+        raise ConfigError(render_problems(problems, str(path)))
 
 
 def load_lane_file(path: Path) -> Lane:
