@@ -20,8 +20,11 @@ for _var, _sub in HOME_VARS.items():
     (TEST_HOME / _sub).mkdir(parents=True, exist_ok=True)
     os.environ[_var] = str(TEST_HOME / _sub)
 
+import importlib.machinery
 import shutil
+import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -49,8 +52,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     manifest = session.config.getoption("--tier-manifest")
-    if manifest:
+    if manifest and collects_for_the_run(session.config):
         tiers.write_manifest(manifest, session.items)
+
+
+# Under pytest-xdist (scripts/test.sh runs the unit and integration tiers with -n) the
+# controller collects nothing and every worker collects the same items (xdist checks that they
+# agree): the first worker writes the manifest. Each report reaches the controller as well as
+# the worker that ran the test: the controller alone lists the skips.
+def _worker(config: pytest.Config) -> str | None:
+    return getattr(config, "workerinput", {}).get("workerid")
+
+
+def collects_for_the_run(config: pytest.Config) -> bool:
+    """Whether this process's collection is the run's: a plain run, or xdist's first worker."""
+    worker = _worker(config)
+    if worker is None:
+        return not config.pluginmanager.has_plugin("dsession")  # xdist's controller
+    return worker == "gw0"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,8 +88,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["MPLCONFIGDIR"] = config.stash[_MPL]
     os.environ["MPL_IGNORE_SYSTEM_FONTS"] = "1"
     report = config.getoption("--skip-report", None)
-    if report:
+    if report and _worker(config) is None:
         config.pluginmanager.register(SkipReport(Path(report)), "skip-report")
+    if _worker(config) is not None:
+        config.pluginmanager.register(PortableWarnings(), "portable-warnings")
 
 
 class SkipReport:
@@ -82,10 +103,35 @@ class SkipReport:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not report.skipped or report.when == "teardown":
             return
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        longrepr = report.longrepr  # (file, line, reason); a list once it came from a worker
+        reason = longrepr[2] if isinstance(longrepr, tuple | list) else str(longrepr)
         reason = reason.removeprefix("Skipped: ").replace("\n", " ")
         with self.path.open("a") as f:
             f.write(f"{report.nodeid}\t{reason}\n")
+
+
+class PortableWarnings:
+    """On an xdist worker: a warning whose class the controller cannot import travels as a
+    plain Warning that names the class. The controller rebuilds each warning a worker records by
+    importing its class's module, and a module a test put on sys.path itself (FastAPI's, from
+    its wheel, under SGLang's real handlers: tests/test_plugin_http_admission.py) is not there:
+    xdist would stop the whole run with an internal error."""
+
+    def __init__(self) -> None:
+        self.path = list(sys.path)  # as the controller's: before any test module is imported
+
+    def _importable(self, cls: type) -> bool:
+        top = cls.__module__.partition(".")[0]
+        return top in sys.builtin_module_names or (
+            importlib.machinery.PathFinder.find_spec(top, self.path) is not None)
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist's own hook sends it to the controller
+    def pytest_warning_recorded(self, warning_message: warnings.WarningMessage) -> None:
+        message, category = warning_message.message, warning_message.category
+        if self._importable(type(message)) and self._importable(category):
+            return
+        warning_message.message = Warning(f"{category.__module__}.{category.__name__}: {message}")
+        warning_message.category = Warning
 
 
 _GUARD = pytest.StashKey["tiers.UnitGuard"]()

@@ -123,3 +123,54 @@ def test_in_ci_only_what_the_machine_cannot_have_may_skip(reason: str, ci: bool,
     assert (said is not None) == refused
     if said:
         assert said.startswith(f"skipped in CI: {reason} (")
+
+
+SUITE = '''
+import sys
+import warnings
+
+import pytest
+
+@pytest.mark.parametrize("n", range(5))
+def test_pure(n):
+    assert n >= 0
+
+@pytest.mark.integration
+def test_heavier():
+    pass
+
+def test_skipped():
+    pytest.skip("needs a CUDA GPU")
+
+def test_warns_with_a_class_from_a_path_of_its_own(tmp_path):
+    (tmp_path / "faraway.py").write_text("class FarWarning(DeprecationWarning):\\n    pass\\n")
+    sys.path.insert(0, str(tmp_path))
+    import faraway
+    warnings.warn(faraway.FarWarning("said far away"), stacklevel=1)
+'''
+
+
+@pytest.mark.integration  # it runs pytest, and pytest-xdist's workers, as processes
+@pytest.mark.parametrize("workers", ["0", "3"])
+def test_the_manifest_and_skip_report_are_whole_under_xdist(tmp_path: Path, workers: str) -> None:
+    """scripts/test.sh runs tiers with pytest-xdist (-n): the manifest lists each selected test
+    once with its tier, the skip report each skip once (not once per process), and a warning
+    whose class only the worker can import is reported, not an internal error of xdist."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    manifest, skips = tmp_path / "manifest", tmp_path / "skips"
+    env = {**os.environ, "PYTHONPATH": str(Path(conftest.__file__).parent)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p",
+                          "no:cacheprovider", "-q", "-n", workers, f"--tier-manifest={manifest}",
+                          f"--skip-report={skips}", "test_suite.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "7 passed, 1 skipped, 1 warning" in run.stdout
+    assert "FarWarning: said far away" in run.stdout
+    assert sorted(manifest.read_text().splitlines()) == sorted(
+        [f"unit test_suite.py::test_pure[{n}]" for n in range(5)]
+        + ["integration test_suite.py::test_heavier", "unit test_suite.py::test_skipped",
+           "unit test_suite.py::test_warns_with_a_class_from_a_path_of_its_own"])
+    assert skips.read_text() == "test_suite.py::test_skipped\tneeds a CUDA GPU\n"
