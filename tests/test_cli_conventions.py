@@ -342,6 +342,36 @@ def test_every_help_page_reads_clean_on_an_80_column_terminal(
     assert pages >= 30  # every command, not a few
 
 
+@pytest.mark.parametrize("width", [80, 60, None], ids=["80", "60", "not-a-terminal"])
+def test_every_option_name_is_shown_whole_at_common_widths(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        width: int | None) -> None:
+    """Every command's help names each of its options whole (rich cut them with "…" where a
+    name and the columns beside it did not fit: 60 columns, `--mem-fraction-static`), and
+    cuts no word of its help either. None: no $COLUMNS, written to a pipe."""
+    if width is None:
+        from typer import rich_utils
+
+        monkeypatch.delenv("COLUMNS", raising=False)
+        monkeypatch.delenv("TERMINAL_WIDTH", raising=False)
+        monkeypatch.setattr(rich_utils, "MAX_WIDTH", None)
+    else:
+        _columns(monkeypatch, width)
+    names = 0
+    for path, command in _tree():
+        if _stand_in(command):
+            continue
+        out = _help_page(capsys, path)
+        assert "…" not in out, (path, [ln for ln in out.splitlines() if "…" in ln])
+        for param in command.params:
+            if param.param_type_name != "option" or param.hidden:
+                continue
+            for name in (*param.opts, *param.secondary_opts):
+                assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", out), (path, name)
+                names += 1
+    assert names >= 120  # every option of every command, not a few
+
+
 def test_usage_names_arguments_in_capitals_without_braces(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert "Usage: ddtree-deploy venv clone [OPTIONS] HOST SRC DST" in _help_page(

@@ -9,7 +9,8 @@ Run once per invocation on the click command tree typer built (cli/app.py's root
 - a comma-separated default is shown with spaces after its commas, so a narrow terminal
   wraps it instead of cutting it with "…";
 - a command's line in its group's list is its docstring's first sentence on one line (the
-  docstring's own line breaks do not leak into the list), whole: never cut with "…".
+  docstring's own line breaks do not leak into the list), whole: never cut with "…";
+- every option's names are shown whole at any width (cli/helptable.py).
 """
 
 from __future__ import annotations
@@ -159,9 +160,27 @@ def example_of(command: Any) -> str | None:
     return epilog.removeprefix(EXAMPLE).strip() if epilog.startswith(EXAMPLE) else None
 
 
+def _names_whole(command: Any) -> None:
+    """The command's help page draws its options with every name whole (cli/helptable.py)."""
+    format_help = command.format_help
+    if getattr(format_help, "names_whole", False):
+        return
+
+    def whole(ctx: Any, formatter: Any) -> None:
+        from ddtree_deploy.cli.helptable import whole_names
+
+        with whole_names():
+            format_help(ctx, formatter)
+
+    whole.names_whole = True  # type: ignore[attr-defined]
+    command.format_help = whole
+
+
 def prepare(command: Any, path: str = "") -> None:
-    """Labels, examples and command lines for `command` and everything below it."""
+    """Labels, examples, command lines and whole option names for `command` and everything
+    below it."""
     label_params(command)
+    _names_whole(command)
     if path in EXAMPLES and not command.epilog:
         command.epilog = EXAMPLE + EXAMPLES[path]
     get_help = getattr(command, "get_help_option", None)
