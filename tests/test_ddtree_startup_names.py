@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import traceback
 import types
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,10 @@ def test_start_up_errors_name_ddtree_to_its_users(
     with pytest.raises(ValueError) as release:  # 0.5.11's own scheduler
         _start(upstream, "DFLASH", target, vocab)
     assert str(dflash.value) == str(release.value) and "DFLASH" in str(release.value)
+    # the traceback still ends in the check that raised (the release's frame, not the rename)
+    raised = [traceback.extract_tb(e.value.__traceback__)[-1] for e in (ddtree, dflash)]
+    assert [(f.filename, f.lineno) for f in raised][0] == (raised[1].filename, raised[1].lineno)
+    assert not raised[0].filename.endswith("ddtree_args.py"), raised[0]
 
 
 def test_the_ddtree_worker_is_what_the_scheduler_builds(

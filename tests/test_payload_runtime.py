@@ -23,6 +23,7 @@ import logging
 import re
 import sys
 import threading
+import traceback
 import types
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,8 @@ def test_dflash_start_up_refusals_name_ddtree_to_its_users(
     with pytest.raises(ValueError) as release:
         _run_handle(upstream, monkeypatch, speculative_algorithm="DFLASH", **over)
     assert str(dflash.value) == str(release.value) and "DFLASH" in str(release.value)
+    last = [traceback.extract_tb(e.value.__traceback__)[-1] for e in (ddtree, dflash)]
+    assert (last[0].name, last[0].lineno) == (last[1].name, last[1].lineno)  # where it raised
 
 
 def test_only_refusals_naming_dflash_alone_are_renamed(sglang_path: Path) -> None:  # noqa: F811

@@ -56,8 +56,9 @@ _RENAMED = (ValueError, RuntimeError, AttributeError)
 @contextlib.contextmanager
 def ddtree_named(args: Any) -> Iterator[None]:
     """A refusal naming DFLASH alone, raised for a DDTREE server (DFlash's own checks, which
-    DDTREE runs too), is raised again naming DDTREE: same type, same text otherwise. Only the
-    plain types SGLang refuses with (a subclass may take other arguments than its text)."""
+    DDTREE runs too), is raised again naming DDTREE: same type, same text otherwise, the same
+    traceback. Only the plain types SGLang refuses with (a subclass may take other arguments
+    than its text)."""
     try:
         yield
     except _RENAMED as exc:
@@ -65,7 +66,9 @@ def ddtree_named(args: Any) -> Iterator[None]:
         if getattr(args, "speculative_algorithm", None) != DDTREE or "DFLASH" not in text \
                 or DDTREE in text or type(exc) not in _RENAMED:
             raise
-        raise type(exc)(text.replace("DFLASH", DDTREE)) from None
+        # the release's frames kept: the traceback still ends where the check raised
+        raise type(exc)(text.replace("DFLASH", DDTREE)).with_traceback(exc.__traceback__) \
+            from None
 
 
 def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
