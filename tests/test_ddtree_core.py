@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "payload"))
 from ddtree import build_tree, compile_tree, draft_topk, walk_tree
 from ddtree.core import DDTree
+from triton_interpret import kernel_device  # noqa: F401  (fixture)
 
 F32 = torch.float32
 INF = float("-inf")
@@ -399,41 +401,13 @@ def test_lossless_and_accepting_with_the_target_as_drafter(seed: int) -> None:
 # ------------------------------------------------------------ the Triton fast path (kernels)
 
 
-@pytest.fixture(scope="module")
-def kernels() -> tuple[object, str]:
-    """The kernels module and the device to run it on: CUDA when present, else CPU when this
-    process runs Triton's interpreter (``TRITON_INTERPRET=1`` from the start, see below)."""
-    import os
+@pytest.fixture
+def kernels(kernel_device: str) -> tuple[ModuleType, str]:  # noqa: F811
+    """The kernels module and the device to run it on: CUDA where there is one, else the CPU
+    under Triton's interpreter (tests/triton_interpret.py)."""
+    from ddtree import triton_kernels
 
-    from ddtree import core
-
-    if torch.cuda.is_available() and core.triton_available():
-        return core._KERNELS, "cuda"
-    if os.environ.get("TRITON_INTERPRET") == "1" and core.triton_available():
-        return core._KERNELS, "cpu"
-    pytest.skip("needs a CUDA GPU or Triton's interpreter (TRITON_INTERPRET=1)")
-
-
-def test_kernels_in_the_triton_interpreter() -> None:
-    """Where Triton is installed but no GPU is, run the kernel tests in its CPU interpreter.
-
-    The interpreter must be on before triton is first imported, hence a fresh process."""
-    import importlib.util
-    import os
-    import subprocess
-
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("the kernel tests run directly in this process")
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed here (the kernels are tested on the GPU)")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-         "-k", "kernel and not interpreter", __file__],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "3 passed" in proc.stdout, proc.stdout[-2000:]
+    return triton_kernels, kernel_device
 
 
 def kernel_case(seed: int, device: str) -> tuple[torch.Tensor, ...]:
@@ -509,32 +483,61 @@ def test_kernel_topk_matches_torch(kernels: tuple[object, str]) -> None:
         assert (lp[:, 1:] <= lp[:, :-1]).all()
 
 
-def test_backend_choice_is_checked() -> None:
+def test_backend_choice_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from ddtree import core
 
     lp, tok = draft_topk(torch.randn(1, 3, 10), 4, backend="torch")
     with pytest.raises(ValueError, match="backend must be one of"):
         build_tree(lp, tok, torch.tensor([0]), 5, backend="cuda")
-    if not core.triton_available():
-        with pytest.raises(ValueError, match="needs the triton package"):
-            build_tree(lp, tok, torch.tensor([0]), 5, backend="triton")
     # "auto" on CPU tensors is the torch path, whatever is installed.
     auto = build_tree(lp, tok, torch.tensor([0]), 5)
     assert torch.equal(
         auto.tokens, build_tree(lp, tok, torch.tensor([0]), 5, backend="torch").tokens
     )
+    monkeypatch.setattr(core, "_KERNELS", None)  # where triton did not import
+    assert not core.triton_available()
+    with pytest.raises(ValueError, match="needs the triton package"):
+        build_tree(lp, tok, torch.tensor([0]), 5, backend="triton")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_round_dispatches_to_triton_and_agrees() -> None:
+def test_a_round_through_the_core_on_the_kernels_agrees_with_torch(
+        kernels: tuple[ModuleType, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core's round (draft_topk, build_tree, compile_tree, walk_tree) on the kernels gives
+    what its torch path gives. On CUDA "auto" picks the kernels (what the server runs), at the
+    issue's sizes; on the CPU "auto" is the torch path, so the round asks for them by name
+    (backend="triton"), the interpreter's copy in the core's place, at smaller sizes."""
     from ddtree import core
 
-    assert core.triton_available()
+    mod, dev = kernels
+    if dev == "cuda":
+        assert core.triton_available()
+        bs, depths, vocab, backend = 4, 15, 151_936, "auto"
+    else:
+        monkeypatch.setattr(core, "_KERNELS", mod)
+        bs, depths, vocab, backend = 2, 6, 3000, "triton"
     gen = torch.Generator().manual_seed(3)
-    logits = (torch.randn(4, 15, 151_936, generator=gen) * 3).cuda()
-    lp, tok = draft_topk(logits, 8)
-    roots = torch.randint(0, 151_936, (4,), generator=gen).cuda()
-    fast = build_tree(lp, tok, roots, 63)
+    logits = (torch.randn(bs, depths, vocab, generator=gen) * 3).to(dev)
+    lp, tok = draft_topk(logits, 8, backend=backend)
+    want_lp, want_tok = draft_topk(logits, 8, backend="torch")
+    assert torch.equal(tok, want_tok)  # random logits: no ties
+    assert torch.allclose(lp, want_lp, rtol=0, atol=2e-5)
+    roots = torch.randint(0, vocab, (bs,), generator=gen).to(dev)
+    fast = build_tree(lp, tok, roots, 63, backend=backend)
     slow = build_tree(lp, tok, roots, 63, backend="torch")
     for name in ("tokens", "parents", "depths", "ranks", "scores", "valid"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    start = torch.arange(bs, device=dev) * 11 + 2
+    vfast = compile_tree(fast, start, pad_token_id=3, backend=backend)
+    vslow = compile_tree(slow, start, pad_token_id=3, backend="torch")
+    for name in ("input_ids", "positions", "mask", "additive_mask"):
+        assert torch.equal(getattr(vfast, name), getattr(vslow, name)), name
+    target = torch.randint(0, vocab, tuple(slow.tokens.shape), generator=gen).to(dev)
+    for b in range(bs):  # the target follows the tree's best path: deep walks
+        for i in range(1, slow.tokens.shape[1]):
+            if slow.ranks[b, i] == 0:
+                target[b, slow.parents[b, i]] = slow.tokens[b, i]
+    wfast = walk_tree(fast, target, vfast.mask, backend=backend)
+    wslow = walk_tree(slow, target, vslow.mask, backend="torch")
+    for name in ("path", "num_accepted", "bonus", "new_tokens"):
+        assert torch.equal(getattr(wfast, name), getattr(wslow, name)), name
+    assert int(wslow.num_accepted.min()) >= 2

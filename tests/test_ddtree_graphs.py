@@ -330,7 +330,9 @@ def test_a_failed_capture_turns_both_of_the_workers_caches_off(
         assert out == harness.TRUE[start : start + len(out)]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="captures real CUDA graphs (torch.cuda.CUDAGraph), which need a CUDA "
+                           "GPU; on the CPU the Replay capturer above stands in for them")
 def test_cuda_graphs_replay_the_round_as_eager_runs_it() -> None:
     verify = _load_verify()
     fn = _round_fn(verify)

@@ -1,18 +1,18 @@
 """The verify block's split-KV attention (payload/ddtree/tree_attention.py) against attention
 written out in torch, and its wrapper in front of SGLang's extend kernel.
 
-Runs where Triton runs: on a CUDA GPU, or in Triton's CPU interpreter (``TRITON_INTERPRET=1``
-set before triton is imported; with triton installed and no GPU this module re-runs itself in a
-fresh process that way). The prefix part of SGLang's flattened mask is filled with random bits
-here: the kernel must read only the tree columns (every prefix column is visible).
+Runs on a CUDA GPU, or on the CPU in Triton's interpreter (the ``kernel_device`` fixture,
+tests/triton_interpret.py), there at smaller shapes that still take every branch of the kernels
+(GQA groups of 1, 2 and 4, several KV heads and requests, empty and partial splits, a split
+walked in two chunks, an empty prefix, row, block and head-dim tails). The prefix part of
+SGLang's flattened mask is filled with random bits here: the kernel must read only the tree
+columns (every prefix column is visible).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -24,11 +24,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "payload"))
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-RUNNABLE = HAVE_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-needs_kernel = pytest.mark.skipif(not RUNNABLE, reason="needs triton on a CUDA GPU or in its "
-                                                       "interpreter (TRITON_INTERPRET=1)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+from triton_interpret import kernel_device  # noqa: E402, F401  (fixture)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # kernel_device's answer
+pytestmark = pytest.mark.usefixtures("kernel_device")  # every test here runs a kernel
 
 
 def reference(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Tensor, k_buf: torch.Tensor,
@@ -86,8 +85,16 @@ def make(bs: int, n: int, heads: int, kv_heads: int, dim: int, lens: list[int],
     return d
 
 
+# (bs, n, heads, kv_heads, dim, prefix lengths). On a GPU the issue's shapes; in the interpreter
+# (seconds a program) fewer heads: a GQA group of 4 over 64 rows, one partial split and empty
+# ones; 2 KV heads of groups of 2 for two requests, a prefix over three splits; groups of 1 with
+# 8 rows of 16 (row and block tails), an empty prefix and one of 64 and 65; a head dim of 48 (of
+# 64) and a prefix of 1000 whose splits walk two chunks each.
 CASES = [(1, 16, 32, 8, 128, [37]), (2, 16, 8, 2, 64, [5, 130]), (3, 8, 4, 2, 16, [0, 64, 65]),
-         (1, 32, 32, 8, 128, [200]), (5, 8, 32, 32, 16, [3, 70, 0, 1, 129])]
+         (1, 32, 32, 8, 128, [200]), (5, 8, 32, 32, 16, [3, 70, 0, 1, 129]),
+         (1, 8, 2, 1, 48, [1000])] if DEV == "cuda" else \
+    [(1, 16, 4, 1, 128, [37]), (2, 8, 4, 2, 64, [5, 130]), (3, 8, 2, 2, 16, [0, 64, 65]),
+     (1, 8, 2, 1, 48, [1000])]
 
 
 def _args(d: dict[str, Any], o: torch.Tensor, n: int, mask: Any = "tree") -> tuple[Any, ...]:
@@ -97,7 +104,6 @@ def _args(d: dict[str, Any], o: torch.Tensor, n: int, mask: Any = "tree") -> tup
             d["mask_indptr"], n, 1.0, 1.0, None)
 
 
-@needs_kernel
 @pytest.mark.parametrize(("bs", "n", "heads", "kv_heads", "dim", "lens"), CASES)
 def test_the_kernel_is_attention_under_the_tree_mask(bs: int, n: int, heads: int, kv_heads: int,
                                                      dim: int, lens: list[int]) -> None:
@@ -112,12 +118,18 @@ def test_the_kernel_is_attention_under_the_tree_mask(bs: int, n: int, heads: int
     assert float((o.float().cpu() - d["want"]).abs().max()) < tol
 
 
-@needs_kernel
+# A verify block of two requests for the wrapper's tests: (n, heads, kv_heads, dim), and the
+# same shape for its self-check. Smaller in the interpreter.
+BLOCK = (16, 8, 2, 64) if DEV == "cuda" else (8, 2, 1, 32)
+SHAPE = dict(zip(("n", "heads", "kv_heads", "head_dim"), BLOCK, strict=True))
+
+
 def test_the_wrapper_serves_verify_blocks_after_one_check_and_leaves_the_rest() -> None:
     from ddtree import tree_attention as ta
 
     calls: list[str] = []
-    d = make(2, 16, 8, 2, 64, [5, 40], seed=3)
+    n = BLOCK[0]
+    d = make(2, *BLOCK, [5, 40], seed=3)
 
     def extend(*args: Any, **kwargs: Any) -> None:  # SGLang's kernel, as torch
         calls.append("extend")
@@ -125,38 +137,27 @@ def test_the_wrapper_serves_verify_blocks_after_one_check_and_leaves_the_rest() 
 
     fwd = ta.wrap(extend)
     o = torch.empty_like(d["q"])
-    fwd(*_args(d, o, 16), logit_cap=0.0, sliding_window_size=-1, sinks=None,
+    fwd(*_args(d, o, n), logit_cap=0.0, sliding_window_size=-1, sinks=None,
         window_kv_offsets=None, xai_temperature_len=-1)
     assert calls == ["extend"] and fwd.ddtree_state == {"on": True, "checked": True}
     o.zero_()
-    fwd(*_args(d, o, 16))  # served by the tree kernel alone now
+    fwd(*_args(d, o, n))  # served by the tree kernel alone now
     assert calls == ["extend"]
     assert float((o.float().cpu() - d["want"]).abs().max()) < 2e-2
-    fwd(*_args(d, o, 16, mask=None))  # no custom mask (prefill, the drafter): the extend kernel
-    fwd(*_args(d, o, 16), sliding_window_size=128)  # a sliding window: the extend kernel
+    fwd(*_args(d, o, n, mask=None))  # no custom mask (prefill, the drafter): the extend kernel
+    fwd(*_args(d, o, n), sliding_window_size=128)  # a sliding window: the extend kernel
     assert calls == ["extend"] * 3
 
     wrong = ta.wrap(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
-    wrong(*_args(d, torch.empty_like(d["q"]), 16))
+    wrong(*_args(d, torch.empty_like(d["q"]), n))
     assert wrong.ddtree_state == {"on": False, "checked": True}
     os.environ["SGLANG_DDTREE_TREE_ATTENTION"] = "0"  # the A/B switch: SGLang's kernel only
     try:
         off = ta.wrap(extend)
     finally:
         del os.environ["SGLANG_DDTREE_TREE_ATTENTION"]
-    off(*_args(d, o, 16))
+    off(*_args(d, o, n))
     assert off.ddtree_state == {"on": False, "checked": True} and calls == ["extend"] * 4
-
-
-@pytest.mark.skipif(not HAVE_TRITON or torch.cuda.is_available()
-                    or os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="triton absent, or the kernels ran above (GPU or interpreter)")
-def test_kernels_in_the_triton_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-k", "not interpreter", __file__], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def _extend_in_torch(*args: Any, **kwargs: Any) -> None:
@@ -180,31 +181,25 @@ def _extend_in_torch(*args: Any, **kwargs: Any) -> None:
                                        @ vals[:, h // group]).to(o.dtype)
 
 
-@needs_kernel
 def test_the_self_check_decides_before_any_real_block() -> None:
     from ddtree import tree_attention as ta
 
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
     fwd = ta.wrap(_extend_in_torch)
-    assert ta.self_check(fwd, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
-                         dtype=dtype) == "on"
+    assert ta.self_check(fwd, device=DEV, **SHAPE, dtype=dtype) == "on"
     assert fwd.ddtree_state == {"on": True, "checked": True}
-    assert ta.self_check(fwd, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
-                         dtype=dtype) == "checked"
+    assert ta.self_check(fwd, device=DEV, **SHAPE, dtype=dtype) == "checked"
     wrong = ta.wrap(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
-    assert ta.self_check(wrong, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
-                         dtype=dtype) == "off"
+    assert ta.self_check(wrong, device=DEV, **SHAPE, dtype=dtype) == "off"
     assert wrong.ddtree_state == {"on": False, "checked": True}
     os.environ["SGLANG_DDTREE_TREE_ATTENTION"] = "0"
     try:
         off = ta.wrap(_extend_in_torch)
     finally:
         del os.environ["SGLANG_DDTREE_TREE_ATTENTION"]
-    assert ta.self_check(off, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
-                         dtype=dtype) == "off"
+    assert ta.self_check(off, device=DEV, **SHAPE, dtype=dtype) == "off"
 
 
-@needs_kernel
 def test_the_tree_kernel_agrees_with_sglang_0517s_own_extend_kernel(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SGLang 0.5.17's extend kernel (its files from the real wheel; the plugin's release) on a
@@ -232,15 +227,14 @@ def test_the_tree_kernel_agrees_with_sglang_0517s_own_extend_kernel(
               ("extend_attention", "decode_attention", "prefill_attention", "score_mod")]
     try:
         extend = importlib.import_module(loaded[0]).extend_attention_fwd
-        d = make(2, 16, 8, 2, 64, [5, 130], seed=11)
+        d = make(2, *BLOCK, [5, 130], seed=11)
         o = torch.zeros_like(d["q"])
-        extend(*_args(d, o, 16))  # the mask's prefix bits are random: SGLang must skip them
+        extend(*_args(d, o, BLOCK[0]))  # the mask's prefix bits are random: SGLang must skip them
         tol = 2e-2 if DEV == "cuda" else 1e-4
         assert float((o.float().cpu() - d["want"]).abs().max()) < tol
         dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
         fwd = ta.wrap(extend)
-        assert ta.self_check(fwd, device=DEV, heads=8, kv_heads=2, head_dim=64, n=16,
-                             dtype=dtype) == "on"
+        assert ta.self_check(fwd, device=DEV, **SHAPE, dtype=dtype) == "on"
     finally:
         for name in loaded:
             sys.modules.pop(name, None)

@@ -48,6 +48,8 @@ INTEGRATION_FIXTURES = frozenset({
     "test_payload_integration.py::upstream",  # SGLang's real files from its wheel
     "test_payload_integration.py::patched",  # patch(1) applies the payload
     "test_rehearsal_carry.py::world",  # a git checkout and wheels built
+    # the payload's Triton kernels: pure, but in Triton's CPU interpreter seconds a kernel
+    "triton_interpret.py::kernel_device",
 })
 INTEGRATION_MARKERS = frozenset({"sshd", "slow"})
 # Modules whose tests, nearly all, start processes: servers, the CLI, venvs, pip, uv, gcc, sshd.

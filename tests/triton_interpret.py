@@ -1,0 +1,81 @@
+"""The payload's Triton kernels where the tests run: on a CUDA GPU, else in Triton's interpreter.
+
+Triton's interpreter runs a ``@triton.jit`` kernel's Python block by block with numpy, on CPU
+tensors. ``TRITON_INTERPRET=1`` turns it on, but Triton reads it when a function is decorated:
+at the import of the module defining it, the kernels of ``triton.language`` itself (``tl.max``,
+``tl.topk``...) included, and that happens once per process, at collection, for every test.
+So the :func:`kernel_device` fixture turns the interpreter on for its test only, as the variable
+would have from the start: it sets the variable (Triton reads it again while a kernel runs) and
+launches and calls every compiled-mode kernel (``JITFunction``) as the interpreted function
+``triton.jit`` makes under the variable (``InterpretedFunction`` of the same Python function).
+Everything is as it was after the test. With a CUDA GPU it changes nothing: the kernels run
+compiled there.
+
+One shortcut, exact: the interpreter reduces with a combine function it does not know one
+element at a time in Python, and ``tl.sort``/``tl.topk`` (the build and top-k kernels) reduce
+with XOR at every compare-and-swap stage: 16 s for one build at the issue's sizes. Here an XOR
+reduction along an axis is numpy's (``np.bitwise_xor.reduce``, the same integers), 2 s for that
+build; ``test_triton_interpret.py`` checks it against Python's XOR.
+
+The tests that use the fixture are in the integration tier (tests/tiers.py): pure, but the
+interpreter takes seconds a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+# In CI a skip is a failure unless its reason names a GPU (tests/tiers.py): this one does not.
+NO_TRITON = "triton did not import (a dev dependency on Linux x86_64: uv sync installs it)"
+
+
+def xor_reduce_fast(reduce_ops: type) -> Callable[..., Any]:
+    """``ReduceOps.apply_impl`` with XOR reductions along an axis done by numpy."""
+    import numpy as np
+    from triton.language import standard
+
+    generic = reduce_ops.apply_impl
+
+    def apply_impl(self: Any, input: tuple[Any, ...]) -> Any:
+        if (self.combine_fn == standard._xor_combine and len(input) == 1
+                and self.axis is not None):
+            x = input[0]
+            data = np.bitwise_xor.reduce(x.handle.data, axis=self.axis, keepdims=self.keep_dims)
+            return self.to_tensor(data, x.dtype)
+        return generic(self, input)
+
+    return apply_impl
+
+
+def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's interpreter on, with the XOR shortcut, until the test ends."""
+    pytest.importorskip("triton", reason=NO_TRITON)
+    from triton.runtime import interpreter, jit
+
+    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        return interpreter.InterpretedFunction(self.fn).run(*args, grid=grid, warmup=warmup,
+                                                            **kwargs)
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:  # a kernel calling a jit function
+        return interpreter.InterpretedFunction(self.fn)(*args, **kwargs)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(jit.JITFunction, "run", run)
+    monkeypatch.setattr(jit.JITFunction, "__call__", call)
+    monkeypatch.setattr(interpreter.ReduceOps, "apply_impl",
+                        xor_reduce_fast(interpreter.ReduceOps))
+
+
+@pytest.fixture
+def kernel_device(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where the test runs the payload's kernels: "cuda" on a CUDA GPU, else "cpu" with Triton's
+    interpreter on for the test (see the module docstring)."""
+    pytest.importorskip("triton", reason=NO_TRITON)
+    if torch.cuda.is_available():
+        return "cuda"
+    interpret(monkeypatch)
+    return "cpu"
