@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hang_guard import call_guarded
 
 from ddtree_deploy.cli import files as cli_files
 from ddtree_deploy.errors import DeployError, UsageError
@@ -56,3 +57,41 @@ def test_inputs_that_are_not_regular_files(tmp_path: Path, make: str) -> None:
         path.mkdir()
     with pytest.raises(UsageError, match=r"--plan .*(not a regular file|No such file)"):
         cli_files.read_input(path, "--plan")
+
+
+def _secret_file(tmp_path: Path, make: str) -> Path:
+    path = tmp_path / "key"
+    if make == "fifo":
+        os.mkfifo(path)  # no writer: a plain read waits forever
+    elif make == "folder":
+        path.mkdir()
+    elif make == "huge":
+        path.write_bytes(b"k" * (1 << 20))
+    elif make == "binary":
+        path.write_bytes(b"ab\xfbSECRET")
+    elif make == "dev-zero":
+        return Path("/dev/zero")  # a plain read fills the memory (MemoryError, a traceback)
+    return path
+
+
+# (how the secret file is made, what the refusal says)
+SECRET_FILES = [("fifo", "not a regular file"), ("dev-zero", "not a regular file"),
+                ("folder", "is a directory"), ("huge", "larger than 64 KiB"),
+                ("binary", "as UTF-8 text (its content is not shown)")]
+
+
+@pytest.mark.parametrize(("make", "says"), SECRET_FILES, ids=[m for m, _ in SECRET_FILES])
+def test_a_secret_file_is_read_bounded_and_never_shown(tmp_path: Path, make: str,
+                                                       says: str) -> None:
+    from ddtree_deploy.errors import ConfigError
+    from ddtree_deploy.service import endpoint
+
+    path = _secret_file(tmp_path, make)
+    with pytest.raises(ConfigError) as info:  # the FIFO hung here before the fix
+        call_guarded(lambda: endpoint.read_secrets(None, path, "svc"), "reading the secret")
+    message = str(info.value)
+    assert message.startswith(f"deployments.svc.hf_token_file: cannot read the HF_TOKEN from "
+                              f"{path}") or message.startswith(
+        f"deployments.svc.hf_token_file: {path} must hold"), message
+    assert says in message, message
+    assert "SECRET" not in message and "0xfb" not in message, message

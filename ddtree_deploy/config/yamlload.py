@@ -382,7 +382,8 @@ def read_config_bytes(path: Path, what: str = "a YAML file", limit: int = MAX_BY
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
     if len(raw) > limit:
-        raise ConfigError(f"{file}: larger than {limit >> 20} MiB, expected {what}")
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+        raise ConfigError(f"{file}: larger than {size}, expected {what}")
     return raw
 
 

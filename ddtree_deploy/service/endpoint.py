@@ -39,6 +39,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddtree_deploy.config.yamlload import read_config_bytes
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.transport import Command
 from ddtree_deploy.transport.base import ExecTransport
@@ -85,14 +86,21 @@ def is_open(bind: str) -> bool:
     return bind in OPEN_BINDS
 
 
+MAX_SECRET_BYTES = 64 << 10  # a key or token is a line; this bounds what is read to find it
+
+
 def _read_secret(path: Path | None, what: str, field: str) -> str | None:
     if path is None:
         return None
+    try:  # bounded and regular only: a FIFO would hang, /dev/zero fill the memory
+        raw = read_config_bytes(path, "a regular file", limit=MAX_SECRET_BYTES)
+    except ConfigError as exc:  # "PATH: no such file", "PATH: larger than 64 KiB, ..."
+        raise ConfigError(f"{field}: cannot read the {what} from {exc}") from None
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{field}: cannot read the {what} from {path}: "
-                          f"{getattr(exc, 'strerror', None) or exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:  # the codec's message would show a byte of the secret
+        raise ConfigError(f"{field}: {path} must hold the {what} as UTF-8 text (its content "
+                          "is not shown)") from None
     value = text.strip()
     if not value or "\n" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ConfigError(f"{field}: {path} must hold the {what} on one line, printable "
