@@ -11,10 +11,8 @@ columns (every prefix column is visible).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "payload"))
 
-from triton_interpret import kernel_device  # noqa: E402, F401  (fixture)
+from triton_interpret import kernel_device, sglang_extend_kernel  # noqa: E402, F401  (fixtures)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # kernel_device's answer
 pytestmark = pytest.mark.usefixtures("kernel_device")  # every test here runs a kernel
@@ -201,40 +199,17 @@ def test_the_self_check_decides_before_any_real_block() -> None:
 
 
 def test_the_tree_kernel_agrees_with_sglang_0517s_own_extend_kernel(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        sglang_extend_kernel: Any) -> None:  # noqa: F811
     """SGLang 0.5.17's extend kernel (its files from the real wheel; the plugin's release) on a
     verify block: the same as attention under the tree mask with every prefix column visible (it
     skips the mask's prefix part), and the wrapper's self-check turns the tree kernel on."""
-    import zipfile
-
     from ddtree import tree_attention as ta
-    from wheelcache import wheel
 
-    folder = "sglang/kernels/ops/attention"
-    with zipfile.ZipFile(wheel("sglang", "0.5.17")) as zf:
-        for name in ("extend_attention", "decode_attention", "prefill_attention", "score_mod"):
-            zf.extract(f"{folder}/{name}.py", tmp_path)
-    for pkg in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention",
-                "sglang.srt"):
-        module = types.ModuleType(pkg)
-        module.__path__ = [str(tmp_path / pkg.replace(".", "/"))]  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, pkg, module)
-    utils = types.ModuleType("sglang.srt.utils")  # the one other import: the platform probes
-    utils.is_cuda = torch.cuda.is_available  # type: ignore[attr-defined]
-    utils.is_hip = utils.is_gfx95_supported = lambda: False  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, utils.__name__, utils)
-    loaded = [f"sglang.kernels.ops.attention.{m}" for m in
-              ("extend_attention", "decode_attention", "prefill_attention", "score_mod")]
-    try:
-        extend = importlib.import_module(loaded[0]).extend_attention_fwd
-        d = make(2, *BLOCK, [5, 130], seed=11)
-        o = torch.zeros_like(d["q"])
-        extend(*_args(d, o, BLOCK[0]))  # the mask's prefix bits are random: SGLang must skip them
-        tol = 2e-2 if DEV == "cuda" else 1e-4
-        assert float((o.float().cpu() - d["want"]).abs().max()) < tol
-        dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
-        fwd = ta.wrap(extend)
-        assert ta.self_check(fwd, device=DEV, **SHAPE, dtype=dtype) == "on"
-    finally:
-        for name in loaded:
-            sys.modules.pop(name, None)
+    d = make(2, *BLOCK, [5, 130], seed=11)
+    o = torch.zeros_like(d["q"])
+    sglang_extend_kernel(*_args(d, o, BLOCK[0]))  # the mask's prefix bits are random: skipped
+    tol = 2e-2 if DEV == "cuda" else 1e-4
+    assert float((o.float().cpu() - d["want"]).abs().max()) < tol
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    fwd = ta.wrap(sglang_extend_kernel)
+    assert ta.self_check(fwd, device=DEV, **SHAPE, dtype=dtype) == "on"

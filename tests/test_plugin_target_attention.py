@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "payload" / "plugin"))
 sys.path.insert(0, str(ROOT / "payload"))
 
 from ddtree_sglang import releases, settings, target_attention  # noqa: E402
+from triton_interpret import kernel_device, sglang_extend_kernel  # noqa: E402, F401  (fixtures)
 
 SUPPORTED = sorted(releases.SUPPORTED)
 
@@ -281,6 +282,58 @@ def test_prepare_serves_both_when_opted_in(monkeypatch: pytest.MonkeyPatch,
     assert _prepare(runner, {"SGLANG_DDTREE_VERIFY_GRAPH": "1"}) is True
     assert plain.extend_attention_fwd is extend
     assert type(plain).__name__ == target_attention.GRAPH_CLASS
+
+
+def test_the_opted_in_tree_kernel_is_checked_against_sglangs_real_kernel_then_serves(
+        sglang_extend_kernel: Any, kernel_device: str,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The tree kernel's path of prepare with the real kernels (on a GPU, or on the CPU in
+    Triton's interpreter): SGLang 0.5.17's extend kernel (the wheel's file) on a triton backend,
+    the payload's tree kernel wrapped before it and self-checked against it at the model's shape,
+    then a verify block through the backend served by the tree kernel alone; a backend whose
+    kernel the tree kernel disagrees with keeps its own."""
+    import torch
+    from test_ddtree_tree_attention import BLOCK, _args, make
+
+    calls: list[int] = []
+
+    def sglangs(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return sglang_extend_kernel(*a, **k)
+
+    n, heads, kv_heads, dim = BLOCK
+    dtype = torch.bfloat16 if kernel_device == "cuda" else torch.float32
+    config = types.SimpleNamespace(get_num_attention_heads=lambda tp: heads,
+                                   get_num_kv_heads=lambda tp: kv_heads, head_dim=dim)
+
+    def runner(extend: Any) -> Any:
+        backend = type(target_attention.BACKEND_CLASS, (), {})()
+        backend.extend_attention_fwd = extend  # an attribute of SGLang's backend object
+        return types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None,
+                                     model_config=config, device=kernel_device, dtype=dtype)
+
+    env = {"SGLANG_DDTREE_TREE_ATTENTION": "1"}
+    served = runner(sglangs)
+    with caplog.at_level(logging.INFO, logger=target_attention.__name__):
+        assert target_attention.prepare(served, tree_mode=True, n=n, tp_size=1, graphs_on=False,
+                                        **_opt_ins(env)) is False  # no graphs: eager verifies
+    assert "DDTREE target verify: tree kernel on (SGLANG_DDTREE_TREE_ATTENTION=1); eager" \
+        in caplog.text
+    assert calls == [1]  # the self-check ran SGLang's kernel once
+    d = make(2, *BLOCK, [5, 130], seed=23)
+    o = torch.zeros_like(d["q"])
+    served.attn_backend.extend_attention_fwd(*_args(d, o, n))
+    assert calls == [1]  # the verify block went to the tree kernel alone
+    assert float((o.float().cpu() - d["want"]).abs().max()) < (2e-2 if dtype != torch.float32
+                                                               else 1e-4)
+
+    caplog.clear()
+    kept = runner(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
+    with caplog.at_level(logging.INFO, logger=target_attention.__name__):
+        target_attention.prepare(kept, tree_mode=True, n=n, tp_size=1, graphs_on=False,
+                                 **_opt_ins(env))
+    assert "DDTREE target verify: tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=1)" in caplog.text
+    assert kept.attn_backend.extend_attention_fwd.ddtree_state == {"on": False, "checked": True}
 
 
 def test_prepare_leaves_shadow_linear_to_dflash() -> None:

@@ -23,7 +23,12 @@ interpreter takes seconds a kernel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import sys
+import types
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +84,33 @@ def kernel_device(monkeypatch: pytest.MonkeyPatch) -> str:
         return "cuda"
     interpret(monkeypatch)
     return "cpu"
+
+
+@pytest.fixture
+def sglang_extend_kernel(kernel_device: str, tmp_path: Path,
+                         monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """SGLang 0.5.17's ``extend_attention_fwd`` (the plugin's first release), from the real
+    wheel's files (tests/wheels.toml), run where ``kernel_device`` says: its Triton backend's
+    kernel for a verify block, the one the tree kernel is checked against."""
+    from wheelcache import wheel
+
+    folder = "sglang/kernels/ops/attention"
+    parts = ("extend_attention", "decode_attention", "prefill_attention", "score_mod")
+    with zipfile.ZipFile(wheel("sglang", "0.5.17")) as zf:
+        for name in parts:
+            zf.extract(f"{folder}/{name}.py", tmp_path)
+    for pkg in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention",
+                "sglang.srt"):
+        module = types.ModuleType(pkg)
+        module.__path__ = [str(tmp_path / pkg.replace(".", "/"))]  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, pkg, module)
+    utils = types.ModuleType("sglang.srt.utils")  # the one other import: the platform probes
+    utils.is_cuda = torch.cuda.is_available  # type: ignore[attr-defined]
+    utils.is_hip = utils.is_gfx95_supported = lambda: False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    loaded = [f"sglang.kernels.ops.attention.{m}" for m in parts]
+    try:
+        yield importlib.import_module(loaded[0]).extend_attention_fwd
+    finally:
+        for name in loaded:
+            sys.modules.pop(name, None)
