@@ -131,6 +131,7 @@ class World:
         elif kind == "fifo":
             target = self.path(arg)
             target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)  # a payload's own file made a FIFO in its place
             os.mkfifo(target)
         elif kind == "python":
             python = self.venv / "bin/python"

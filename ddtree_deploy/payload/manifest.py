@@ -121,6 +121,9 @@ class Manifest(BaseModel):
         return h.hexdigest()[:16]
 
 
+MAX_FILE_BYTES = 16 << 20  # a payload file is source or a patch (the largest is ~20 KiB)
+
+
 def read_file(folder: Path, rel: str) -> bytes:
     """A payload file's bytes, refused unless it is a regular file inside the folder (no
     symlink anywhere below the folder itself)."""
@@ -129,14 +132,18 @@ def read_file(folder: Path, rel: str) -> bytes:
     if os.path.realpath(path) != path:
         raise ConfigError(f"{folder}/{rel} is a symlink (or lies under one): a payload ships "
                           "its own regular files")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:  # O_NONBLOCK: opening a FIFO waited for a writer that never comes
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         raise ConfigError(f"{folder}/{rel}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise ConfigError(f"{folder}/{rel} is not a regular file")
-        return fh.read()
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{folder}/{rel} is larger than {MAX_FILE_BYTES >> 20} MiB: not a "
+                          "payload's source or patch")
+    return data
 
 
 def read_text(folder: Path, rel: str) -> str:
