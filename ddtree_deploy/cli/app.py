@@ -197,6 +197,30 @@ def _interrupted_at_start(signum: int, frame: Any) -> None:
     raise SystemExit(130)
 
 
+def _by_ctrl_c(done: SystemExit) -> bool:
+    """Whether typer turned a KeyboardInterrupt into this exit (`raise Exit(130) from` it),
+    silently; a command's own exit 130 (bench's, its results printed) is not."""
+    seen: BaseException | None = done.__context__
+    while seen is not None:
+        if isinstance(seen.__cause__, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False
+
+
+def _interrupted(as_json: bool) -> None:
+    """Ctrl-C: one line on stderr, and under --json the error document on stdout."""
+    try:
+        if as_json:
+            from ddtree_deploy.cli import errdoc
+
+            sys.stdout.write(errdoc.dumps(errdoc.document("interrupted (Ctrl-C)", 130)))
+            sys.stdout.flush()
+        sys.stderr.write("interrupted\n")
+    except OSError as lost:
+        _output_lost(lost)
+
+
 def _wants_debug(args: list[str]) -> bool:
     return "--debug" in (args[: args.index("--")] if "--" in args else args)
 
@@ -309,6 +333,11 @@ def main(argv: "list[str] | None" = None) -> None:
             app(args=args, prog_name="ddtree-deploy")
         finally:
             sys.stdout.flush()
+    except SystemExit as done:
+        if not _by_ctrl_c(done):
+            raise
+        _interrupted(_wants_json(args))
+        code = 130
     except DeployError as exc:
         code = int(exc.exit_code)
         try:
@@ -326,7 +355,7 @@ def main(argv: "list[str] | None" = None) -> None:
         except OSError as lost:
             _output_lost(lost)
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+        _interrupted(_wants_json(args))
         code = 130
     except OSError as exc:
         if exc.errno not in _OUTPUT_LOST:

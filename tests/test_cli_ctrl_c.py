@@ -1,0 +1,101 @@
+"""Ctrl-C in a command that waits on hosts: the CLI stops at once, says so, and keeps --json's
+promise (conventions: SIGINT exits 130 without a traceback; stdout one JSON document).
+
+Two hosts on a loopback port that accepts connections and never answers (no SSH banner), with
+a connect timeout of an hour: the CLI is stuck in both connects when SIGINT comes, as from a
+terminal. Before, typer turned the KeyboardInterrupt into a silent exit 130 (no line on
+stderr, no document under --json), and only after the thread pool had waited out every host
+(here an hour: the hang guard fails it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from foreground import sigint_default
+from hang_guard import HANG_GUARD_S
+
+
+@pytest.fixture()
+def mute_port() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A loopback port that accepts and never sends a byte; the connections it took."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    taken: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            taken.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], taken
+    finally:
+        server.close()
+        for conn in taken:
+            conn.close()
+
+
+def _hosts(tmp_path: Path, port: int) -> Path:
+    host = (f"    address: 127.0.0.1\n    port: {port}\n    connect_timeout: 3600\n"
+            f"    ssh_persist: 0\n    venvs:\n      v: {{path: /root/v, role: serving}}\n"
+            f"    models: {{default: /root/m}}\n")
+    path = tmp_path / "hosts.yaml"
+    path.write_text(f"version: 1\nhosts:\n  mute1:\n{host}  mute2:\n{host}deployments:\n"
+                    "  d1: {host: mute1, venv: v, cuda_lane: cu130, sglang: {version: 0.5.11}}\n"
+                    "  d2: {host: mute2, venv: v, cuda_lane: cu130, sglang: {version: 0.5.11}}\n")
+    return path
+
+
+@pytest.mark.parametrize("args", [["plan", "--json"], ["hosts", "check"], ["inventory", "--json"]],
+                         ids=["plan-json", "hosts-check", "inventory-json"])
+def test_ctrl_c_while_hosts_do_not_answer(tmp_path: Path,
+                                          mute_port: tuple[int, list[socket.socket]],
+                                          args: list[str]) -> None:
+    port, taken = mute_port
+    env = {**os.environ, "NO_COLOR": "1", "XDG_STATE_HOME": str(tmp_path / "state"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "DDTREE_DEPLOY_HOSTS": ""}
+    argv = [sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(_hosts(tmp_path, port)),
+            *args]
+    proc = subprocess.Popen(sigint_default(argv), cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + HANG_GUARD_S
+        while len(taken) < 2 and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)  # both hosts are being connected to
+        assert len(taken) == 2, proc.poll()
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=HANG_GUARD_S)  # a hang guard, not a bound
+        except subprocess.TimeoutExpired:
+            pytest.fail("hang guard: Ctrl-C did not end the command (it waits on the hosts)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text
+    assert text.splitlines()[-1] == "interrupted"
+    if "--json" in args:
+        doc = json.loads(out)
+        assert doc["ok"] is False and doc["exit_code"] == 130, doc
+        assert doc["error"]["message"].startswith("interrupted")
+    else:
+        assert "unreachable" not in out.decode()

@@ -1,0 +1,82 @@
+"""fan_out: one function per host in parallel, outcomes as data, and Ctrl-C that ends it at once.
+
+A real SIGINT reaches this process's main thread while a host's work is blocked (as a connect
+to a host that never answers is, for up to its connect timeout): fan_out raises
+KeyboardInterrupt then, not once the blocked host gives up, and leaves no host queued behind it
+to be served. Before, a thread pool joined its workers (and served its queued hosts) first.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+from hang_guard import HANG_GUARD_S
+
+from ddtree_deploy.errors import DeployError, ExitCode
+from ddtree_deploy.transport.fanout import exit_code, fan_out
+
+
+@pytest.fixture()
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here (as from a terminal), whatever was inherited."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_outcomes_in_the_hosts_order_with_errors_as_data() -> None:
+    def fn(host: str) -> str:
+        if host == "b":
+            raise DeployError("b is down")
+        return host.upper()
+
+    outcomes = fan_out(["a", "b", "c"], fn, concurrency=2)
+    assert [(o.host, o.value, str(o.error) if o.error else None) for o in outcomes] == [
+        ("a", "A", None), ("b", None, "b is down"), ("c", "C", None)]
+    assert exit_code(outcomes) == ExitCode.PARTIAL
+
+
+def test_a_bug_in_one_host_is_raised_in_the_caller() -> None:
+    def fn(host: str) -> str:
+        raise ValueError(f"bug on {host}")
+
+    with pytest.raises(ValueError, match="bug on"):
+        fan_out(["a"], fn)
+
+
+def test_ctrl_c_ends_it_while_a_host_is_blocked(sigint_raises: None) -> None:
+    started = threading.Event()
+    release = threading.Event()
+    served: list[str] = []
+    finished: list[str] = []
+
+    def fn(host: str) -> str:
+        served.append(host)
+        started.set()
+        release.wait(HANG_GUARD_S)  # a host that never answers (a hang guard, not a bound)
+        finished.append(host)
+        return host
+
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def ctrl_c() -> None:
+        if started.wait(HANG_GUARD_S):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    sender = threading.Thread(target=ctrl_c, daemon=True)
+    sender.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fan_out(["slow", "queued"], fn, concurrency=1)
+        assert finished == []  # it returned while the host was still blocked
+        assert served == ["slow"]  # and the queued host was not served
+    finally:
+        release.set()
+        sender.join()
