@@ -45,7 +45,9 @@ def _setup(case: dict[str, Any], tmp_path: Path, values: dict[str, str]) -> None
 
 
 def _run(case: dict[str, Any], tmp_path: Path) -> tuple[Ran, dict[str, str]]:
-    values = {"tmp": str(tmp_path), "good": str(GOOD_HOSTS),
+    from ddtree_deploy import __version__
+
+    values = {"tmp": str(tmp_path), "good": str(GOOD_HOSTS), "version": __version__,
               "closed1": str(_closed_port()), "closed2": str(_closed_port())}
     _setup(case, tmp_path, values)
     argv = [_fill(a, values) for a in case["argv"]]

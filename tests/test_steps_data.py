@@ -92,6 +92,9 @@ def test_step_case(path: Path, tmp_path: Path) -> None:
     assert [f"{s.kind}: {s.title}" for s in steps if s.pending] == case["pending"]
     for s in steps:  # what a saved plan carries reads back as the same typed step
         assert Step.from_json(s.as_json()) == s
+    saved = json.loads(json.dumps(Plan([host], steps, {host: "f"}, made_at=1.0,
+                                       specs={host: {"d": "x"}}, tool_version="v").as_json()))
+    assert Plan.from_json(saved).steps == steps  # the saved plan's checked shape takes them
 
 
 def test_every_kind_has_a_module_and_cases_and_nothing_else_is_one() -> None:

@@ -213,10 +213,6 @@ def apply(
             raise UsageError(f"{plan_file}: not a saved plan (nested too deeply)") from None
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise UsageError(f"{plan_file}: not a saved plan ({exc})") from None
-        if not all(isinstance(h, str) for h in saved.hosts) or not all(
-                isinstance(v, str) for v in saved.fingerprints.values()):
-            raise UsageError(f"{plan_file}: not a saved plan (hosts and fingerprints must be "
-                             "text)")
         _check_version(saved, plan_file)
     names = hosts or (saved.hosts if saved else sorted({d.host for d in
                                                         config.deployments.values()}))

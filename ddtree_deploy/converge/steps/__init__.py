@@ -254,6 +254,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
+        from ddtree_deploy.converge.savedplan import check_saved_plan
+
+        check_saved_plan(data)  # ValueError naming the field: a saved plan is the user's file
         return cls(hosts=list(data["hosts"]), fingerprints=dict(data["fingerprints"]),
                    made_at=epoch(data.get("made_at", 0.0)),
                    steps=[Step.from_json(s) for s in data["steps"]],
