@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from golden import CU130, story_facts
+from test_remedies import parse
 from typer.testing import CliRunner
 
 from ddtree_deploy.cli import converge as cli_converge
@@ -29,6 +30,7 @@ from ddtree_deploy.converge import runner
 from ddtree_deploy.facts.cache import FactsCache
 from ddtree_deploy.facts.model import Facts
 from ddtree_deploy.resources import embedded_hosts_file
+from ddtree_deploy.rules.findings import commands_of
 
 GONE = """
   gone:
@@ -138,6 +140,7 @@ def test_apply_refuses_a_plan_whose_deployment_was_edited(world: dict[str, Any],
     code, out, _ = cli(world, "apply", "--plan", str(saved), "--yes")
     assert code == 1, out
     assert "changed since the plan was made: deployment sglang-ddtree" in out
+    assert f"`ddtree-deploy plan ct200 --out {saved}`" in out
 
 
 def test_apply_refuses_a_plan_of_another_version_or_unpinned(world: dict[str, Any]) -> None:
@@ -146,6 +149,9 @@ def test_apply_refuses_a_plan_of_another_version_or_unpinned(world: dict[str, An
     saved.write_text(json.dumps(dict(doc, tool_version="0.0.1")))
     code, text, exc = cli(world, "apply", "--plan", str(saved), "--yes")
     assert code == 1 and "made by ddtree-deploy 0.0.1" in text and exc is not None
+    (again,) = commands_of(exc.hint)  # the command that makes it anew, one the CLI accepts
+    assert again == f"ddtree-deploy plan ct200 --out {saved}"
+    parse(again)
     saved.write_text(json.dumps({k: v for k, v in doc.items()
                                  if k not in ("tool_version", "specs")}))
     code, text, _ = cli(world, "apply", "--plan", str(saved), "--yes")

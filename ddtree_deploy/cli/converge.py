@@ -152,10 +152,18 @@ def _check_version(saved: object, plan_file: Path) -> None:
     if saved.tool_version != __version__ or not saved.specs:
         made = saved.tool_version or "a version that did not record itself"
         raise RefusedError(f"{plan_file}: made by ddtree-deploy {made}, this is {__version__}",
-                           hint="make a new plan with this version (ddtree-deploy plan --out)")
+                           hint="make a new plan with this version: "
+                                + _replan(saved.hosts, plan_file))
 
 
-def _check_specs(saved: object, config: Config, host: str) -> None:
+def _replan(hosts: list[str], plan_file: Path) -> str:
+    """The command that makes the saved plan anew (a command line the CLI accepts)."""
+    from ddtree_deploy.rules.findings import command
+
+    return command("plan", *hosts, "--out", str(plan_file))
+
+
+def _check_specs(saved: object, config: Config, host: str, plan_file: Path) -> None:
     """The host's deployments in the hosts file must be those the saved plan was made from."""
     from ddtree_deploy.converge.steps import HOST_KEY, Plan, spec_digests
 
@@ -168,7 +176,7 @@ def _check_specs(saved: object, config: Config, host: str) -> None:
                                               " (removed)" if k not in now else "")
                          for k in changed)
         raise RefusedError(f"{host}: {config.path} changed since the plan was made: {what}",
-                           hint="make a new plan (ddtree-deploy plan --out) and review it")
+                           hint=f"make a new plan and review it: {_replan([host], plan_file)}")
 
 
 def apply(
@@ -248,7 +256,8 @@ def apply(
         if saved is not None and expected is None:
             raise UsageError(f"the saved plan has no steps for {host}")
         if saved is not None:
-            _check_specs(saved, config, host)
+            assert plan_file is not None
+            _check_specs(saved, config, host, plan_file)
         log = RunLog(host, say=view.say)
         log.start({"command": "apply", "hosts": names, "plan": str(plan_file) if plan_file
                    else None, "yes": yes}, str(config.path), version_line())

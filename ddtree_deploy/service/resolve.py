@@ -17,6 +17,7 @@ from ddtree_deploy.config.layers import settings_layers
 from ddtree_deploy.config.schema import UnitStem
 from ddtree_deploy.errors import RefusedError, UsageError
 from ddtree_deploy.facts.model import Facts
+from ddtree_deploy.rules.findings import apply, venv_clone
 from ddtree_deploy.rules.model_fit import draft_block_size
 from ddtree_deploy.rules.placement import FIRST_PORT, choose_gpu, choose_gpus, choose_port
 from ddtree_deploy.service.endpoint import DEFAULT_BIND
@@ -35,7 +36,9 @@ def ld_library_path(facts: Facts, venv: str) -> tuple[str, ...]:
     found = facts.venv(venv)
     if found is None or not found.exists:
         raise RefusedError(f"venv {venv} does not exist on {facts.host}",
-                           hint="create it first (ddtree-deploy venv clone / apply)")
+                           hint="create it first: " + venv_clone(facts.host, "SOURCE", venv)
+                                + " (SOURCE: a venv of the host to copy), or declare it with "
+                                "`create:` in hosts.yaml and run " + apply(facts.host))
     return from_venv(found)
 
 
