@@ -343,6 +343,8 @@ class TrustTarget:
 
 Resolver = Callable[[str], TrustTarget]
 
+_ADDRESS = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9._:%-]*\Z")
+_PORT = re.compile(r"[0-9]{1,5}\Z")
 _BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\]:(?P<port>\d+)\Z")
 
 
@@ -358,13 +360,17 @@ def parse_address(text: str) -> tuple[str, int]:
     match = _BRACKETED.match(text)
     if match:
         address, port_text = match["addr"], match["port"]
+    elif text.startswith("[") and text.endswith("]"):  # [::1]: the brackets without a port
+        address, port_text = text[1:-1], "22"
     elif text.count(":") == 1:
         address, port_text = text.split(":")
     else:
         address, port_text = text, "22"
-    if not address or any(c.isspace() for c in address) or address.startswith("-"):
+    # a name or an IPv4/IPv6 address (with its %scope): nothing else reaches the resolver,
+    # ssh or a known_hosts line (a control character, '[' left over, a leading '-')
+    if not _ADDRESS.match(address):
         raise UsageError(f"not a host address: {text!r}")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not _PORT.match(port_text) or not 0 < int(port_text) < 65536:  # "²".isdigit() is true
         raise UsageError(f"not a TCP port: {port_text!r} (in {text!r})")
     return address, int(port_text)
 
