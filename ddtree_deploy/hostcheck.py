@@ -80,7 +80,7 @@ def parse(host: str, text: str) -> HostCheck:
     check.kernel = (sections.get("kernel") or [""])[0]
     for line in sections.get("gpus", []):
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 6 and parts[0].isdigit():
+        if len(parts) == 6 and parts[0].isdecimal():
             errors = sorted({e for p in parts[2:] if (e := _cell_error(p))})
             check.gpus.append(GpuLine(parts[0], parts[1], parts[2], parts[3], ", ".join(errors)))
         else:

@@ -221,7 +221,7 @@ class BlobCache:
         removed = 0
         for tmp in (self.root / "tmp").iterdir():
             pid_text = tmp.name.split("-", 1)[0]
-            if pid_text.isdigit() and int(pid_text) > 0 and pid_alive(int(pid_text)):
+            if pid_text.isdecimal() and int(pid_text) > 0 and pid_alive(int(pid_text)):
                 continue  # its writer (maybe this process) may still be busy with it
             with contextlib.suppress(OSError):
                 tmp.unlink()

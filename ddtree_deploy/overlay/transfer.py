@@ -202,7 +202,7 @@ def fetch(
     except BaseException as exc:
         writer.discard = True
         reader.close()
-        if seen.get("pid", "").isdigit():
+        if seen.get("pid", "").isdecimal():
             with contextlib.suppress(DeployError):
                 source.run(Command.of("kill", "-TERM", seen["pid"], sudo=sudo), timeout=15)
         thread.join(timeout=30)

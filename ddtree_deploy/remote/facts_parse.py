@@ -57,7 +57,7 @@ def _csv_rows(text: str, fields: list[str], merge: str | None) -> list[dict[str,
     rows: list[dict[str, str]] = []
     for raw in text.splitlines():
         cells = [c.strip() for c in raw.strip().split(", ")]
-        if not cells[0].isdigit() or len(cells) < len(fields):
+        if not cells[0].isdecimal() or len(cells) < len(fields):
             continue
         extra = len(cells) - len(fields)
         if extra and merge in fields:
@@ -233,7 +233,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         fields = rest.split()
-        if fields and fields[0].isdigit():
+        if fields and fields[0].isdecimal():
             out[key.strip()] = int(fields[0])
     return out
 
@@ -277,7 +277,7 @@ def parse_show_units(text: str) -> list[dict[str, Any]]:
             {"name": name, "load": props.get("LoadState") or None,
              "active": props.get("ActiveState") or None, "sub": props.get("SubState") or None,
              "description": props.get("Description") or None,
-             "main_pid": int(pid) if pid.isdigit() and pid != "0" else None}
+             "main_pid": int(pid) if pid.isdecimal() and pid != "0" else None}
         )  # fmt: skip
     return sorted(units, key=lambda u: u["name"])
 

@@ -186,7 +186,7 @@ def socket_owners(inodes: set[int]) -> dict[int, int]:
     if not inodes:
         return owners
     try:
-        pids = [int(p) for p in os.listdir(PROC) if p.isdigit()]
+        pids = [int(p) for p in os.listdir(PROC) if p.isdecimal()]
     except OSError:
         return owners
     for pid in sorted(pids):

@@ -100,7 +100,7 @@ def read_record(site: str, dist_info: str, errors: list[str]) -> list[dict[str, 
         full = os.path.join(site, path)
         sha = record_hash(row[1]) if len(row) > 1 else None
         size_text = row[2] if len(row) > 2 else ""
-        if sha is not None and size_text.isdigit():
+        if sha is not None and size_text.isdecimal():
             files[path] = {"path": path, "sha256": sha, "size": int(size_text)}
             continue
         if not os.path.isfile(full):

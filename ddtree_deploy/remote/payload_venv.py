@@ -172,7 +172,7 @@ class Venv:
     def check_lock(self, token):
         """Refuse unless the venv's lock is held (by the `hold` of this command: its token is
         the holder's pid)."""
-        if not isinstance(token, str) or not token.isdigit():
+        if not isinstance(token, str) or not token.isdecimal():
             raise Refused("a write without the venv's lock")
         fd = self._lock_fd()
         try:

@@ -34,12 +34,12 @@ from ddtree_deploy.rules.venv_lane import lane_major
 
 def _int_head(text: str | None) -> int | None:
     head = (text or "").split(".")[0].strip()
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isdecimal() else None
 
 
 def _cuda_tuple(text: str | None) -> tuple[int, int] | None:
     parts = (text or "").strip().split(".")
-    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].isdecimal() or not parts[1].isdecimal():
         return None
     return int(parts[0]), int(parts[1])
 

@@ -71,7 +71,7 @@ def sm_major(gpu: Gpu) -> int | None:
     if not gpu.compute_cap:
         return None
     head = gpu.compute_cap.split(".")[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isdecimal() else None
 
 
 Rule = Callable[[RuleContext], Iterable[Finding]]

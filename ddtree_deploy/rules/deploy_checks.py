@@ -322,7 +322,7 @@ def ddtree_attention(ctx: RuleContext) -> Iterable[Finding]:
 
 def _flag_int(args: list[str], flag: str) -> int | None:
     text = flag_value(args, flag)
-    return int(text) if text is not None and text.isdigit() else None
+    return int(text) if text is not None and text.isdecimal() else None
 
 
 def ddtree_verify_width(ctx: RuleContext) -> Iterable[Finding]:

@@ -228,7 +228,7 @@ def _push(t: ExecTransport, wheels: list[Path], hostdir: str) -> list[str]:
     have: dict[str, int] = {}
     for line in t.run(Command.shell(_LIST, hostdir)).check().stdout.splitlines():
         name, _, count = line.partition("\t")
-        if count.strip().isdigit():
+        if count.strip().isdecimal():
             have[name] = int(count)
     pushed: list[str] = []
     for wheel in wheels:

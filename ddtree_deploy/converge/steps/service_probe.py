@@ -27,7 +27,7 @@ def _unit_key(text: str, key: str) -> str | None:
 def unit_port(text: str) -> int | None:
     """The port a unit's /health answers on (its X-DDTreeDeploy-Port line), if it says."""
     found = _unit_key(text, PORT_KEY)
-    return int(found) if found and found.isdigit() else None
+    return int(found) if found and found.isdecimal() else None
 
 
 def target_of(text: str, unit: str | None, host: str, port: int | None = None
