@@ -186,7 +186,7 @@ def new_text(path: Path, deployment: str, choice: Choice) -> tuple[str, str]:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     deps = doc.get("deployments") if isinstance(doc, dict) else None
     if not isinstance(deps, dict) or deployment not in deps:
-        raise UsageError(f"{path}: no deployment '{deployment}' to write into")
+        raise UsageError(f"{path}: no deployment {deployment!r} to write into")
     dep = deps[deployment]
     where = f"{path}:{_line(deps, deployment) or '?'}: deployments.{deployment}"
     if _anchored(dep) or deployment in _merged_keys(deps):

@@ -81,14 +81,14 @@ class Config:
         if name == LOCALHOST:
             return local_host()
         known = [*self.hosts, *([] if LOCALHOST in self.hosts else [LOCALHOST])]
-        raise ConfigError(f"unknown host '{name}'{_did_you_mean(name, known)}; {self.path} "
+        raise ConfigError(f"unknown host {name!r}{_did_you_mean(name, known)}; {self.path} "
                           f"defines: {', '.join(known)}")
 
     def deployment(self, name: str) -> Deployment:
         if name in self.deployments:
             return self.deployments[name]
         known = list(self.deployments)
-        raise ConfigError(f"unknown deployment '{name}'{_did_you_mean(name, known)}; "
+        raise ConfigError(f"unknown deployment {name!r}{_did_you_mean(name, known)}; "
                           f"{self.path} defines: {', '.join(known) or 'none'}")
 
     def deployments_on(self, host: str | HostSpec) -> list[Deployment]:
@@ -135,11 +135,16 @@ def find_hosts_file(cli_path: Path | None = None) -> Path:
 
 
 def _must_exist(path: Path, given: str) -> Path:
+    shown, given = _printable(str(path)), _printable(given)  # a line break forges a message
     if not path.exists():
-        raise ConfigError(f"hosts file {path} does not exist (from {given})")
+        raise ConfigError(f"hosts file {shown} does not exist (from {given})")
     if not path.is_file():
-        raise ConfigError(f"hosts file {path} is not a file (from {given})")
+        raise ConfigError(f"hosts file {shown} is not a file (from {given})")
     return path
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else repr(text)
 
 
 def load_config(path: Path | str, *, text: str | None = None) -> Config:

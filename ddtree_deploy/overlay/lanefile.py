@@ -248,6 +248,6 @@ def load_lane(name_or_path: str) -> Lane:
     known = available_lanes()
     if name_or_path not in known:
         listed = ", ".join(known) or "none"
-        raise ConfigError(f"no lane '{name_or_path}' (known lanes: {listed})",
+        raise ConfigError(f"no lane {name_or_path!r} (known lanes: {listed})",
                           hint="give a lane name or the path of a lane file")
     return load_lane_file(lanes_dir() / f"{name_or_path}.yaml")
