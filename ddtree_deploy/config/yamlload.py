@@ -39,6 +39,7 @@ import yaml
 from yaml.composer import ComposerError
 from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import ReaderError
 
 from ddtree_deploy.errors import ConfigError
 
@@ -326,9 +327,21 @@ def _decode(raw: bytes, file: str) -> str:
         ) from None
 
 
+def _unreadable_character(text: str, exc: ReaderError, file: str) -> str:
+    position = exc.position
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    return (f"{file}:{line}:{column}: a character YAML does not accept: U+{exc.character:04X} "
+            "(a control character or a non-character); in a double-quoted string write it "
+            "as an escape (\\x01), or remove it")
+
+
 def parse_yaml(text: str, file: str) -> LoadedYaml:
     """Compose one YAML document from ``text`` (``file`` names it in messages)."""
-    loader = _Bounded(text)
+    try:  # the reader refuses a raw control character (NUL, BEL, U+FFFE) as it is made
+        loader = _Bounded(text)
+    except ReaderError as exc:
+        raise ConfigError(_unreadable_character(text, exc, file)) from None
     try:
         node = loader.get_single_node()
     except _Refused as exc:
@@ -345,6 +358,8 @@ def parse_yaml(text: str, file: str) -> LoadedYaml:
         raise ConfigError(
             f"{file}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {what}"
         ) from None
+    except ReaderError as exc:
+        raise ConfigError(_unreadable_character(text, exc, file)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: YAML syntax error: {exc}") from None
     finally:
