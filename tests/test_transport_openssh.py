@@ -181,7 +181,7 @@ def test_negative_persist_is_a_config_error(sshd: Sshd, known: Path, tmp_path: P
     done = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts),
                            "hosts", "list"], capture_output=True, timeout=30, check=False)
     text = done.stderr.decode() + done.stdout.decode()
-    assert done.returncode == 2 and "ssh_persist" in text and "0 or more" in text
+    assert done.returncode == 2 and "ssh_persist" in text and "0 to 604800, got -1" in text
     assert "Traceback" not in text
 
 
