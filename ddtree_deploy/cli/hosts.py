@@ -17,9 +17,15 @@ from ddtree_deploy.cli.common import (
     hosts_or_all,
     print_results,
 )
+from ddtree_deploy.config.hosts import LOCALHOST
 from ddtree_deploy.errors import ConfigError
 from ddtree_deploy.transport.fanout import exit_code, fan_out
-from ddtree_deploy.transport.hostkeys import TrustTarget, trust_target
+from ddtree_deploy.transport.hostkeys import (
+    TrustTarget,
+    default_resolver,
+    names_an_ip,
+    trust_target,
+)
 
 
 def _ask(question: str, *, err: bool = False) -> bool:
@@ -30,12 +36,17 @@ def _ask(question: str, *, err: bool = False) -> bool:
 
 
 def resolve(ctx: typer.Context, host: str) -> TrustTarget:
-    """A host of the hosts file, else an address."""
+    """A host of the hosts file (localhost: this machine, as everywhere), else an address.
+    A hosts file with an error is that error (exit 2), unless HOST is an IP address (which
+    needs no hosts file); a name is never looked up in DNS past a broken file."""
     try:
         config = config_of(ctx)
     except ConfigError:
-        config = None
-    return trust_target(config.hosts if config is not None else None, host)
+        if not names_an_ip(host):
+            raise
+        return default_resolver(host)
+    known = {**config.hosts, LOCALHOST: config.host(LOCALHOST)}
+    return trust_target(known, host)
 
 
 app = typer.Typer(help="Hosts of the hosts file: list, check over SSH, trust keys.",
@@ -123,8 +134,9 @@ def trust(
     ctx: typer.Context,
     host: str = typer.Argument(..., help="host name from hosts.yaml, or addr[:port]"),
     yes: bool = typer.Option(False, "--yes", "-y", help="record the key without asking"),
-    connect_timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=MAX_WAIT_S,
-                                          help="seconds to wait for the host"),
+    connect_timeout: float = typer.Option(None, "--timeout", min=0.1, max=MAX_WAIT_S,
+                                          help="seconds to wait for the host (default: its "
+                                               "connect_timeout, 10 for an address)"),
     as_json: bool = AS_JSON,
 ) -> None:
     """Show HOST's SSH key fingerprint and record it in known_hosts after confirmation."""
@@ -139,7 +151,7 @@ def trust(
             target.port,
             target.known_hosts,
             confirm=(lambda _q: True) if yes else (lambda q: _ask(q, err=as_json)),
-            timeout=connect_timeout,
+            timeout=target.connect_timeout if connect_timeout is None else connect_timeout,
             label=target.label,
         )
     except HostKeyChangedError:

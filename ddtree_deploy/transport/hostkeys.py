@@ -28,6 +28,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
 import stat
@@ -339,6 +340,7 @@ class TrustTarget:
     address: str
     port: int
     known_hosts: Path
+    connect_timeout: float = 10.0  # a host of the hosts file: its own connect_timeout
 
 
 Resolver = Callable[[str], TrustTarget]
@@ -350,6 +352,19 @@ _BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\]:(?P<port>\d+)\Z")
 
 def default_known_hosts() -> Path:
     return Path.home() / ".ssh" / "known_hosts"
+
+
+def names_an_ip(text: str) -> bool:
+    """Whether `text` (`addr`, `addr:port`, `[addr]:port`, `user@...`) is an IP address."""
+    text = text.strip().rsplit("@", 1)[-1]
+    match = _BRACKETED.match(text)
+    address = match["addr"] if match else text.rsplit(":", 1)[0] if text.count(":") == 1 \
+        else text
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -385,18 +400,28 @@ class TrustableHost(Protocol):
     imports no config)."""
 
     @property
+    def transport(self) -> str: ...
+    @property
     def address(self) -> str | None: ...
     @property
     def port(self) -> int: ...
     @property
     def known_hosts(self) -> Path: ...
+    @property
+    def connect_timeout(self) -> float: ...
 
 
 def trust_target(hosts: Mapping[str, TrustableHost] | None, host: str) -> TrustTarget:
     """A host of the hosts file (`hosts`, when there is one), else an address."""
     if hosts is not None and host in hosts:
         spec = hosts[host]
+        if spec.transport == "local":
+            raise UsageError(f"{host} is this machine (transport: local): it is reached "
+                             "without SSH, so there is no host key to trust",
+                             hint="to trust an SSH server on this machine, name its address: "
+                                  "`ddtree-deploy hosts trust 127.0.0.1:PORT`")
         if not spec.address:
             raise UsageError(f"{host} is an ~/.ssh/config alias: trust it with ssh itself")
-        return TrustTarget(host, spec.address, spec.port, spec.known_hosts)
+        return TrustTarget(host, spec.address, spec.port, spec.known_hosts,
+                           spec.connect_timeout)
     return default_resolver(host)
