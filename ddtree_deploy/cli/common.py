@@ -112,6 +112,28 @@ def config_of(ctx: typer.Context) -> Config:
     return config
 
 
+def host_path(value: str | None, flag: str) -> str | None:
+    """A venv (or other folder) on a host, named on the command line: an absolute path (a
+    relative one would be read against some folder: refused, not guessed), without '..'
+    or a character a line, a unit or a shebang cannot carry (a line break forges a message,
+    and the clone writes the path into its scripts' first line)."""
+    from pathlib import PurePosixPath
+
+    from ddtree_deploy.settings.values import unit_char_problem
+
+    if value is None:
+        return None
+    if not value.startswith("/"):
+        raise UsageError(f"{flag} {value!r}: expected an absolute path on the host")
+    if ".." in PurePosixPath(value).parts:
+        raise UsageError(f"{flag} {value!r}: expected a path without '..' (name the folder)")
+    problem = unit_char_problem(value)
+    if problem:
+        raise UsageError(f"{flag} {value!r}: expected a path without control characters or "
+                         f"line separators: it {problem}")
+    return value
+
+
 def hosts_or_all(config: Config, names: list[str] | None) -> list[str]:
     """The named hosts (each checked to exist), or every host in the file."""
     if names:

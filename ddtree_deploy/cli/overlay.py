@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, print_results, rich_console
+from ddtree_deploy.cli.common import config_of, console, host_path, print_results, rich_console
 from ddtree_deploy.cli.text import plain
 from ddtree_deploy.config.hosts import Config
 from ddtree_deploy.config.roles import refuse_write
@@ -22,12 +22,7 @@ COMPRESS = ("auto", "always", "never")  # overlay/relay.py's choices for the str
 _TIMES = frozenset({"time", "created", "started"})  # the fields of history entries that are times
 
 
-def _host_path(value: str | None, flag: str) -> str | None:
-    """A venv on a host is named by its absolute path (a relative one would be read
-    against some folder: refused, not guessed)."""
-    if value is not None and not value.startswith("/"):
-        raise UsageError(f"{flag} {value!r}: expected an absolute path on the host")
-    return value
+_host_path = host_path  # a venv on a host: its absolute path (cli.common)
 
 
 def check_sentence(check: Any) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, print_results
+from ddtree_deploy.cli.common import WIDE_HELP, config_of, console, host_path, print_results
 from ddtree_deploy.cli.text import esc, plain
 from ddtree_deploy.config.roles import refuse_write
 
@@ -67,6 +67,7 @@ def deploy(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
     from ddtree_deploy.payload import deploy as ops
     from ddtree_deploy.transport.connect import open_transport
 
+    host_path(venv, "--venv")
     config = config_of(ctx)
     spec = config.host(host)
     refuse_write(spec, venv, "payload deploy")
@@ -89,6 +90,7 @@ def verify(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VENV
     from ddtree_deploy.payload import deploy as ops
     from ddtree_deploy.transport.connect import open_transport
 
+    host_path(venv, "--venv")
     config = config_of(ctx)
     manifest, _ = _manifest(payload)
     with open_transport(config, config.host(host)) as t:
@@ -113,6 +115,7 @@ def rollback(ctx: typer.Context, host: str = typer.Argument(...), venv: str = VE
     from ddtree_deploy.payload import deploy as ops
     from ddtree_deploy.transport.connect import open_transport
 
+    host_path(venv, "--venv")
     config = config_of(ctx)
     spec = config.host(host)
     refuse_write(spec, venv, "payload rollback")

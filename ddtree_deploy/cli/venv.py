@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy.cli.common import config_of, console, print_results
+from ddtree_deploy.cli.common import config_of, console, host_path, print_results
 from ddtree_deploy.cli.text import plain
 from ddtree_deploy.config.roles import refuse_write
 
@@ -27,6 +27,8 @@ def clone(ctx: typer.Context, host: str = typer.Argument(...),
     from ddtree_deploy.facts.cache import FactsCache
     from ddtree_deploy.transport.connect import open_transport
 
+    host_path(src, "SRC")
+    host_path(dst, "DST")
     config = config_of(ctx)
     spec = config.host(host)
     refuse_write(spec, dst, "venv clone (into it)")  # cloning FROM a protected venv is fine
