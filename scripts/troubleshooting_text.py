@@ -198,7 +198,7 @@ ERRORS: list[tuple[str, int, str, str]] = [
      "The hosts file that --hosts, $DDTREE_DEPLOY_HOSTS or ./hosts.yaml names is not there "
      "(the message says which one was used).",
      "Give the right path (`--hosts FILE`), or start from `examples/hosts.story.yaml`."),
-    ("unknown host '", 2,
+    ("unknown host", 2,
      "A host name on the command line is not in the hosts file; the message lists the ones "
      "it defines and the nearest name.",
      "Use a name of `ddtree-deploy hosts list`, or add the host to hosts.yaml."),
