@@ -41,7 +41,8 @@ def describe(value: Any) -> str:
         return str(value)
     if isinstance(value, str):
         text = value if len(value) <= 60 else value[:57] + "..."
-        return f"'{text}'"
+        # a line break said raw would start a line of its own (a forged "error: ...")
+        return f"'{text}'" if text.isprintable() else repr(text)
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list | tuple):
