@@ -43,7 +43,9 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            options = dict(self._options)
+            # text from outside is printed as text: no ":x:" made an emoji (rich's default),
+            # as esc() keeps it from being markup
+            options = {"emoji": False, **self._options}
             if os.environ.get("NO_COLOR"):  # no-color.org: no colour, and no bold or italic
                 options.update(color_system=None, no_color=True)
             self._console = Console(**options)

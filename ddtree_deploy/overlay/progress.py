@@ -100,7 +100,7 @@ def byte_bars(console: Console | None = None) -> Any:
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
-        console=console or Console(stderr=True),
+        console=console or Console(stderr=True, emoji=False),
         transient=False,
     )
 
