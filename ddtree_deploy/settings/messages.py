@@ -92,10 +92,14 @@ def _unknown_field(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     if owner is None:
         return "unknown field"
     allowed = [name for name in owner.model_fields if name != "name"]
-    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+    key = str(loc[-1])
+    # a look-alike ('pоrt' with a Cyrillic о) reads as the field it is not: name the odd letters
+    odd = sorted({f"U+{ord(c):04X}" for c in key if not c.isascii()})
+    lookalike = f"; it holds {', '.join(odd)}, not ASCII letters" if odd else ""
+    close = difflib.get_close_matches(key, allowed, n=1)
     if close:
-        return f"unknown field (did you mean '{close[0]}'?)"
-    return f"unknown field; expected one of: {', '.join(allowed)}"
+        return f"unknown field (did you mean '{close[0]}'?{lookalike})"
+    return f"unknown field; expected one of: {', '.join(allowed)}{lookalike}"
 
 
 def english(error: Any, model: type[BaseModel]) -> str:
