@@ -136,6 +136,11 @@ def run(
 
     grid_file = _file_name(grid_name, "--grid")
     results_file = _file_name(results_name, "--results")
+    if results_file is not None and results_file.suffix.lower() == ".csv":
+        # save() writes the JSON, then its CSV at path.with_suffix(".csv"): the same file
+        raise UsageError(f"--results {results_name!r}: the results are JSON and their CSV is "
+                         "written beside them with the suffix .csv, over this very file; "
+                         "name the JSON file (results.json)")
     if mode not in ("auto", "systemd", "plain"):
         raise UsageError(f"--mode must be auto, systemd or plain, got {mode!r}")
     if prompts not in ("ids", "text", "auto"):
