@@ -93,6 +93,9 @@ def plan(
 
     out_path = output_path(out_file, "--out") if out_file is not None else None
     config = config_of(ctx)
+    if out_path is not None and out_path.exists() and out_path.samefile(config.path):
+        raise UsageError(f"--out {out_file}: is the hosts file itself; the plan would replace "
+                         "it (name another file, plan.json)")
     names = hosts_or_all(config, hosts) if hosts else sorted(
         {d.host for d in config.deployments.values()})
     p = make_plan(config, names, refresh=refresh)
