@@ -166,3 +166,16 @@ def test_apply_shows_the_saved_plan_before_asking(world: dict[str, Any],
     assert code == 1
     shown, asked = text.index("soundfile==0.13.1"), text.index("Apply to ct200?")
     assert f"the saved plan {saved}" in text and shown < asked
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_apply_with_an_unknown_host_does_nothing(world: dict[str, Any],
+                                                 json_flag: list[str]) -> None:
+    """A typo among apply's hosts is exit 2 before any host is touched or any run logged
+    (it was one failed host among the others, converged anyway, and `"ok": true`)."""
+    from ddtree_deploy.errors import ConfigError
+
+    code, text, exc = cli(world, "apply", "ct200", "ct20", "--yes", *json_flag)
+    assert code == 2 and isinstance(exc, ConfigError), text
+    assert "unknown host 'ct20' (did you mean 'ct200'" in text
+    assert not (world["root"] / "state" / "ddtree-deploy" / "runs").exists()

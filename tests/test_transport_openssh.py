@@ -210,7 +210,7 @@ def test_control_folder_short_enough_or_paramiko(sshd: Sshd, known: Path, tmp_pa
     assert len(str(folder)) + 24 <= openssh.SOCKET_PATH_MAX
     assert connect(sshd, known).run("echo short").stdout == "short\n"
 
-    def no_folder() -> Path:
+    def no_folder(create: bool = True) -> Path:
         raise openssh.TransportError("no folder")
 
     config = load_config(_hosts_file(sshd, known, tmp_path, ""))

@@ -56,7 +56,7 @@ INTEGRATION_MARKERS = frozenset({"sshd", "slow"})
 INTEGRATION_MODULES = frozenset({
     "test_bench_cli.py", "test_bench_recommend.py", "test_bench_sweep.py",
     "test_ddtree_bench_smoke.py", "test_health_probe.py", "test_health_sampled.py",
-    "test_cli_ctrl_c.py",
+    "test_cli_ctrl_c.py", "test_readonly_tool_dirs.py",
     "test_hostile_cli.py", "test_hostile_config.py", "test_hostile_environment.py",
     "test_hostile_yaml.py", "test_installer.py",
     "test_overlay_apply.py", "test_overlay_relay.py", "test_overlay_transfer.py",

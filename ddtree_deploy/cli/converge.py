@@ -227,6 +227,8 @@ def apply(
         _check_version(saved, plan_file)
     names = hosts or (saved.hosts if saved else sorted({d.host for d in
                                                         config.deployments.values()}))
+    for name in names:  # before anything is done: a typo is exit 2, no host touched, no log
+        config.host(name)
     if not yes and not can_ask():
         raise UsageError("apply changes hosts: confirm on a terminal, or pass --yes")
     shown = threading.Lock()

@@ -39,6 +39,8 @@ def check_sentence(check: Any) -> str:
 def _target(config: Config, lane_name: str, host: str | None, venv: str | None
             ) -> tuple[str, str]:
     """--to/--venv, else the one deployment of the hosts file that needs this lane."""
+    if host:
+        config.host(host)  # a host of the file (a typo named as such)
     if host and venv:
         return host, venv
     deps = [d for d in config.deployments.values() if d.cuda_lane == lane_name
@@ -83,14 +85,18 @@ def overlay(
 
     config = config_of(ctx)
     lane = load_lane(abi).with_source(host=from_host, venv=from_venv)
-    config.host(lane.source.host)
     wanted = parse_targets(to or [], venv) or [("", None)]
     targets = [_target(config, lane.lane, h or None, _host_path(v, "--to HOST:VENV"))
                for h, v in wanted]
+    if from_host is None and lane.source.host not in config.hosts:
+        raise UsageError(f"the {lane.lane} lane's source host {lane.source.host!r} (its default, "
+                         f"in overlays/{lane.lane}.yaml) is not in {config.path}",
+                         hint="name the source venv: --from HOST --from-venv PATH")
+    config.host(lane.source.host)
     if not dry_run:
         for h, v in targets:
             refuse_write(config.host(h), v, f"overlay --abi {lane.lane}")
-    cache = BlobCache()
+    cache = BlobCache(read_only=dry_run)  # a dry run makes and sweeps nothing
     if dry_run:
         from ddtree_deploy.overlay.render import render_plan  # rich: only to draw the plan
 

@@ -72,9 +72,13 @@ def default_root() -> Path:
 class BlobCache:
     """Blobs by sha256, zstd-compressed on disk, verified on the way in and out."""
 
-    def __init__(self, root: Path | None = None, *, level: int = LEVEL) -> None:
+    def __init__(self, root: Path | None = None, *, level: int = LEVEL,
+                 read_only: bool = False) -> None:
+        """read_only: only asked what it holds (a dry run): nothing made, nothing swept."""
         self.root = Path(root) if root is not None else default_root()
         self.level = level
+        if read_only:
+            return
         try:
             (self.root / "sha256").mkdir(parents=True, exist_ok=True)
             (self.root / "tmp").mkdir(exist_ok=True)

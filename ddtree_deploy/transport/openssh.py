@@ -87,9 +87,10 @@ SOCKET_NAME_LEN = len("cm-") + 20
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
 
 
-def control_dir() -> Path:
+def control_dir(create: bool = True) -> Path:
     """The user's private folder for master sockets: under $XDG_RUNTIME_DIR, else the temporary
-    folder, else /tmp, the first where a socket's path stays short enough."""
+    folder, else /tmp, the first where a socket's path stays short enough. Made when `create`
+    (else only checked where it exists: a command that ends connections makes nothing)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     bases = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
     bases += [Path(tempfile.gettempdir()), Path("/tmp")]  # noqa: S108 - a private folder in it
@@ -98,10 +99,18 @@ def control_dir() -> Path:
             and _PLAIN_PATH.fullmatch(str(b))]  # ssh expands %, splits at spaces
     if not fits:
         raise TransportError(f"no folder short enough for SSH control sockets ({bases[0]})")
-    folder = fits[0] / name
+    return _private(fits[0] / name, create)
+
+
+def _private(folder: Path, create: bool) -> Path:
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
+        if create:
+            folder.mkdir(mode=0o700, exist_ok=True)
         info = folder.lstat()
+    except FileNotFoundError:
+        if not create:
+            return folder
+        raise TransportError(f"cannot make the SSH control folder {folder}") from None
     except OSError as exc:
         raise TransportError(f"cannot make the SSH control folder {folder}: {exc}") from exc
     if not folder.is_dir() or folder.is_symlink() or info.st_uid != os.getuid() \
@@ -147,7 +156,7 @@ class OpenSshTransport(ExecTransport):
         parts = (user, target, port, known_hosts, identity_file, load_ssh_config)
         key = "\0".join(str(x) for x in (*parts, *([ssh_config] if ssh_config else [])))
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-        folder = control_dir()
+        folder = control_dir(create=False)  # made before the first ssh runs (_pin)
         self.control_path = folder / f"cm-{digest}"
         self.pinned_path = folder / f"kh-{digest}"
         self._ssh = ssh
@@ -226,6 +235,7 @@ class OpenSshTransport(ExecTransport):
     def _pin(self) -> list[str]:
         """Write the pinned file (when its text changed); the host key algorithms to offer."""
         if self._algorithms is None:
+            _private(self.pinned_path.parent, create=True)
             address, port, _ = self.endpoint()
             known = KnownHosts(self.known_hosts)
             text = known.pinned_text(address, port)
@@ -398,7 +408,7 @@ def end_masters_for(address: str, port: int) -> int:
     files name it. How many answered."""
     header = pinned_header(address, port)
     try:
-        folder = control_dir()
+        folder = control_dir(create=False)
     except TransportError:
         return 0
     ended = 0
@@ -431,4 +441,4 @@ def end_master(sock: Path) -> bool:
 
 def disconnect_all() -> int:
     """End every master connection this user keeps; how many there were."""
-    return sum(end_master(sock) for sock in sorted(control_dir().glob("cm-*")))
+    return sum(end_master(sock) for sock in sorted(control_dir(create=False).glob("cm-*")))
