@@ -102,3 +102,14 @@ def test_a_hosts_file_with_an_error_is_that_error(tmp_path: Path) -> None:
     ("host.example.com", False)])
 def test_names_an_ip(text: str, ip: bool) -> None:
     assert names_an_ip(text) is ip
+
+
+def test_hosts_list_shows_a_local_host_as_local(hosts: Path) -> None:
+    """`transport: local` is no `localhost:22` as root (what the table said)."""
+    argv = ["--hosts", str(hosts), "hosts", "list"]
+    result = CliRunner().invoke(build_app(argv), argv)
+    assert result.exit_code == 0, result.output
+    rows = {line.split("\t")[0]: line.split("\t") for line in result.stdout.splitlines()
+            if not line.startswith("#")}
+    assert rows["ws"][1:3] == ["local (no SSH)", "-"], rows
+    assert rows["mute"][1].startswith("127.0.0.1:"), rows

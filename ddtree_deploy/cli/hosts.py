@@ -75,7 +75,8 @@ def list_hosts(ctx: typer.Context,
     for name, spec in config.hosts.items():
         gpus = f"{spec.gpus.count}x {spec.gpus.model or ''}".strip() if spec.gpus else "-"
         venvs = ", ".join(f"{v}={p.path}" for v, p in spec.venvs.items())
-        add_row(table, name, f"{spec.target}:{spec.port}", spec.user, gpus, venvs)
+        where = "local (no SSH)" if spec.is_local else f"{spec.target}:{spec.port}"
+        add_row(table, name, where, "-" if spec.is_local else spec.user, gpus, venvs)
     deps = make_table("deployments", ("deployment", "host", "venv", "lane", "algorithm", "gpu",
                                       "port"))
     for name, dep in config.deployments.items():
