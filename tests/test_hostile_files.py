@@ -95,3 +95,20 @@ def test_a_secret_file_is_read_bounded_and_never_shown(tmp_path: Path, make: str
         f"deployments.svc.hf_token_file: {path} must hold"), message
     assert says in message, message
     assert "SECRET" not in message and "0xfb" not in message, message
+
+
+# A venv on a host holds a FIFO where the facts probe reads a file: the probe waited on it
+# until the workstation killed it (60 s), and the host had no facts at all.
+def test_the_probe_reads_a_venvs_files_without_waiting_on_a_fifo(tmp_path: Path) -> None:
+    from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
+    from ddtree_deploy.remote.facts_venv import read_text
+
+    fifo = tmp_path / "METADATA"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        call_guarded(lambda: read_text(str(fifo)), "reading a FIFO as METADATA")
+    with pytest.raises(ElfError, match="not a regular file"):
+        call_guarded(lambda: elf_dynamic(str(fifo)), "reading a FIFO as a shared object")
+    text = tmp_path / "RECORD"
+    text.write_bytes(b"torch/_C.so,,\n\xff\n")
+    assert read_text(str(text)) == "torch/_C.so,,\n\ufffd\n"  # a regular file: read as before

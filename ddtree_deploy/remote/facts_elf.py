@@ -7,6 +7,8 @@ Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from typing import Any, BinaryIO
 
@@ -104,8 +106,11 @@ def elf_dynamic_fh(fh: BinaryIO) -> dict[str, Any]:
 
 def elf_dynamic(path: str) -> dict[str, Any]:
     """elf_dynamic_fh of a path; ElfError (also for I/O errors) when it cannot be read."""
-    try:
-        with open(path, "rb") as fh:
+    try:  # O_NONBLOCK and a regular file only: a FIFO named *.so would hold the probe
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ElfError("cannot read: not a regular file")
             return elf_dynamic_fh(fh)
     except OSError as exc:
         raise ElfError(f"cannot read: {exc.strerror or exc}") from exc

@@ -6,12 +6,14 @@ in facts_sglang. Part of the probe bundle (remote/bundle.py): stdlib only, Pytho
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
 from ddtree_deploy.remote.facts_memo import Memo
@@ -35,8 +37,20 @@ CU12_COMPONENTS = (
 
 
 def read_text(path: str, limit: int = 4 << 20) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read(limit)
+    """At most `limit` bytes of a regular file as text; OSError for anything else (a FIFO
+    planted as a METADATA or .pth would hold the probe until it is killed)."""
+    with open_regular(path) as fh:
+        return fh.read(limit).decode("utf-8", "replace")
+
+
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading if it is a regular file, without waiting on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fh
 
 
 def venv_python_version(venv: str, site_packages: str | None) -> str | None:
@@ -247,11 +261,18 @@ def find_package_dir(sp: str, package: str) -> str | None:
         return direct
     mapping = re.compile("['\"]" + re.escape(package) + "['\"]\\s*:\\s*['\"]([^'\"]+)['\"]")
     for finder in sorted(glob.glob(os.path.join(sp, "__editable__*finder.py"))):
-        found = mapping.search(read_text(finder, 1 << 20))
+        try:
+            found = mapping.search(read_text(finder, 1 << 20))
+        except OSError:
+            continue
         if found and os.path.isdir(found.group(1)):
             return found.group(1)
     for pth in sorted(glob.glob(os.path.join(sp, "*.pth"))):
-        for line in read_text(pth, 1 << 16).splitlines():
+        try:
+            pth_lines = read_text(pth, 1 << 16).splitlines()
+        except OSError:
+            continue
+        for line in pth_lines:
             line = line.strip()
             if line and not line.startswith(("#", "import")):
                 candidate = os.path.join(line, package)
