@@ -112,3 +112,14 @@ def test_the_probe_reads_a_venvs_files_without_waiting_on_a_fifo(tmp_path: Path)
     text = tmp_path / "RECORD"
     text.write_bytes(b"torch/_C.so,,\n\xff\n")
     assert read_text(str(text)) == "torch/_C.so,,\n\ufffd\n"  # a regular file: read as before
+
+
+def test_a_models_config_that_is_a_fifo_is_an_error_not_a_wait(tmp_path: Path) -> None:
+    from ddtree_deploy.remote.facts import model_dir
+
+    os.mkfifo(tmp_path / "config.json")
+    entry = call_guarded(lambda: model_dir(str(tmp_path)), "reading a FIFO as config.json")
+    assert entry["config"] is None and "not a regular file" in entry["error"], entry
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text('{"block_size": 16}')
+    assert model_dir(str(tmp_path))["config"] == {"block_size": 16}

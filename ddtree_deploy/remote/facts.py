@@ -34,6 +34,7 @@ from ddtree_deploy.remote.facts_venv import (
     find_package_dir,
     find_site_packages,
     nvidia_layout,
+    open_regular,
     scan_distributions,
     scan_extensions,
     torch_info,
@@ -156,8 +157,8 @@ def model_dir(path: str) -> dict[str, Any]:
     try:
         if os.path.getsize(cfg) > 4 << 20:
             raise ValueError("config.json is larger than 4 MiB")
-        with open(cfg, encoding="utf-8") as fh:
-            data = json.load(fh)
+        with open_regular(cfg) as fh:  # a FIFO there would hold the probe until it is killed
+            data = json.loads(fh.read(4 << 20).decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError("config.json is not a JSON object")
         entry["config"] = data
