@@ -22,15 +22,15 @@ ORDER = ("nospec-8b", "dflash-8b", "ddtree15-8b-old", "ddtree15-8b-prev", "ddtre
          "ddtree15-8b-eagerverify", "ddtree15-8b", "ddtree31-8b")
 BATCHES = (1, 8, 32)
 PLUGIN_AB = {
-    "ddtree15-8b-prev": "the plugin's default, as before its verify changes "
+    "ddtree15-8b-prev": "both verify changes off, as before them "
                         "(SGLANG_DDTREE_VERIFY_GRAPH=0, SGLANG_DDTREE_TREE_ATTENTION=0: the "
                         "target's verify eager, SGLang's extend kernel)",
     "ddtree15-8b-extendattn": "the verify graphs without the tree kernel "
                               "(SGLANG_DDTREE_VERIFY_GRAPH=1, SGLANG_DDTREE_TREE_ATTENTION=0)",
     "ddtree15-8b-eagerverify": "the tree kernel without the verify graphs "
                                "(SGLANG_DDTREE_TREE_ATTENTION=1, SGLANG_DDTREE_VERIFY_GRAPH=0)",
-    "ddtree15-8b": "both opted in (SGLANG_DDTREE_TREE_ATTENTION=1, SGLANG_DDTREE_VERIFY_GRAPH=1; "
-                   "ddtree31-8b too)",
+    "ddtree15-8b": "both on, named (SGLANG_DDTREE_TREE_ATTENTION=1, SGLANG_DDTREE_VERIFY_GRAPH=1: "
+                   "the plugin's default from 0.3.4; ddtree31-8b too)",
 }
 NOSPEC, DFLASH = "nospec-8b", "dflash-8b"
 PROFILE_COLS = (("round_ms", "round ms"), ("gpu_busy_ms", "GPU busy ms"),

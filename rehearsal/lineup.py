@@ -68,10 +68,10 @@ def _servers(phase: str, sglang: str = "0.5.11") -> list[Any]:
             Server("ddtree15-ladder-eager", lad, "ddtree", 15, 8, env=EAGER_ROUND),
             Server("ddtree15-dummy-eager", dummy, "ddtree", 15, 8, dummy=True, env=EAGER_ROUND),
         ]
-    if phase in ("correctness", "request-params"):  # lossless checks of the plugin's opt-ins
-        from rehearsal.servers import opted_in
+    if phase in ("correctness", "request-params"):  # the plugin's default, and one server off
+        from rehearsal.servers import switched
 
-        specs = opted_in(specs, sglang)
+        specs = switched(specs, sglang)
     # The tool renders --speculative-num-draft-tokens from each drafter's config.json (8 for the
     # designs, 16 for the dummy drafter; run 3's units show both).
     return [replace(s, port=31000 + i) for i, s in enumerate(specs)]

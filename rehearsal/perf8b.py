@@ -8,9 +8,9 @@ DDTREE 15/8 and 31/8, and, when a snapshot of an earlier payload was carried (``
 ``python -m rehearsal.snapshot REF``), DDTREE 15/8 on that payload too, in a copy of the venv's
 sglang (``old_venv``): the A/B of the payload's changes in the same run. On SGLang 0.5.17+ (the
 plugin form; no snapshot) the A/B is the same plugin with its switches: ``ddtree15-8b`` and
-``ddtree31-8b`` with both verify changes opted in (``PLUGIN_AFTER``; off by default in the
-plugin until a GPU run proves them), ``ddtree15-8b-prev`` with both off (``PLUGIN_BEFORE``: the
-plugin's default, as before the changes), ``ddtree15-8b-eagerverify`` the tree kernel without
+``ddtree31-8b`` with both verify changes on, named (``PLUGIN_AFTER``; the plugin's default from
+0.3.4, opt-in in 0.3.2-0.3.3), ``ddtree15-8b-prev`` with both off (``PLUGIN_BEFORE``: the
+plugin as before the changes), ``ddtree15-8b-eagerverify`` the tree kernel without
 the verify graphs and ``ddtree15-8b-extendattn`` the graphs without the tree kernel.
 
 Settings as judged: ``--attention-backend triton --sampling-backend pytorch``, CUDA graphs on.
@@ -94,7 +94,8 @@ def snapshot_dir(repo: Path) -> Path | None:
 # eager and SGLang's extend kernel (ddtree_sglang/target_attention.py), i.e. the plugin as it was
 # before them (6ebdc14), in the same venv: the A/B of those changes in the same run.
 PLUGIN_BEFORE = (("SGLANG_DDTREE_VERIFY_GRAPH", "0"), ("SGLANG_DDTREE_TREE_ATTENTION", "0"))
-# ... and with both opted in (plugin 0.3.2+: off unless set), named explicitly on each server.
+# ... and with both on, named explicitly on each server (the default from plugin 0.3.4, opt-in
+# in 0.3.2-0.3.3): the A/B does not depend on the installed plugin release's default.
 PLUGIN_AFTER = (("SGLANG_DDTREE_VERIFY_GRAPH", "1"), ("SGLANG_DDTREE_TREE_ATTENTION", "1"))
 
 
@@ -111,12 +112,12 @@ def servers(models: str, *, old_venv: str | None, sglang: str = "0.5.11") -> lis
            Server("ddtree15-8b", models, "ddtree", 15, 8, **ddtree),
            Server("ddtree31-8b", models, "ddtree", 31, 8, **ddtree)]
     # the current payload with SGLang's extend kernel for the verify (an A/B of the tree kernel;
-    # on the plugin with the verify graphs opted in: the graphs' share of the change)
+    # on the plugin with the verify graphs on: the graphs' share of the change)
     out.append(Server("ddtree15-8b-extendattn", models, "ddtree", 15, 8, dummy=True,
                       env=(*ENV, ("SGLANG_DDTREE_TREE_ATTENTION", "0"),
                            *(PLUGIN_AFTER[:1] if plugin else ())), extra=EXTRA))
     if plugin:
-        # the plugin as before its verify changes (PLUGIN_BEFORE: its default); and its tree
+        # the plugin as before its verify changes (PLUGIN_BEFORE: both 0); and its tree
         # kernel without the verify graphs (the kernel's share of the change)
         out.append(Server("ddtree15-8b-prev", models, "ddtree", 15, 8, dummy=True,
                           env=(*ENV, *PLUGIN_BEFORE), extra=EXTRA))

@@ -38,14 +38,13 @@ COMMON_ARGS = (
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
               "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 
-# The plugin's verify paths that no GPU run has proven yet (ddtree_sglang/target_attention.py;
-# opt-in from plugin 0.3.2): the tree verify kernel, and the verify replayed from CUDA graphs
-# captured with the tree's mask.
-PLUGIN_OPT_INS = (("SGLANG_DDTREE_TREE_ATTENTION", "1"), ("SGLANG_DDTREE_VERIFY_GRAPH", "1"))
-# On SGLang 0.5.17+ the lossless checks run the DDTREE servers with both opted in, so a GPU
-# run proves them; these keep the plugin's default (both off: the verify proven in call 2), so
-# the same run checks the default too.
-PLUGIN_DEFAULT = frozenset({"ddtree31-ladder"})
+# The plugin's two verify switches (ddtree_sglang/target_attention.py), both off: the target's
+# verify eager, through SGLang's extend kernel. On by default from plugin 0.3.4 (opt-in in
+# 0.3.2-0.3.3, until session 8's call 1 proved them lossless with both set to 1).
+PLUGIN_OFF = (("SGLANG_DDTREE_TREE_ATTENTION", "0"), ("SGLANG_DDTREE_VERIFY_GRAPH", "0"))
+# On SGLang 0.5.17+ the lossless checks run the DDTREE servers on the plugin's default (both
+# on); these run both switched off, so the same run keeps the eager path checked too.
+PLUGIN_SWITCHED_OFF = frozenset({"ddtree31-ladder"})
 
 @dataclass(frozen=True)
 class Server:
@@ -101,17 +100,17 @@ class Server:
         return dep
 
 
-def opted_in(specs: Sequence[Server], sglang: str) -> list[Server]:
-    """``specs`` with :data:`PLUGIN_OPT_INS` in each DDTREE server's environment on the plugin
-    form (SGLang other than 0.5.11), but for :data:`PLUGIN_DEFAULT` and a variable the server
-    sets itself."""
+def switched(specs: Sequence[Server], sglang: str) -> list[Server]:
+    """``specs`` with :data:`PLUGIN_OFF` in the environment of each :data:`PLUGIN_SWITCHED_OFF`
+    DDTREE server on the plugin form (SGLang other than 0.5.11), but for a variable the server
+    sets itself; the others keep the plugin's default."""
     if sglang == "0.5.11":
         return list(specs)
     out = []
     for s in specs:
-        if s.algorithm == "ddtree" and s.name not in PLUGIN_DEFAULT:
+        if s.algorithm == "ddtree" and s.name in PLUGIN_SWITCHED_OFF:
             own = {k for k, _ in s.env}
-            s = replace(s, env=(*s.env, *((k, v) for k, v in PLUGIN_OPT_INS if k not in own)))
+            s = replace(s, env=(*s.env, *((k, v) for k, v in PLUGIN_OFF if k not in own)))
         out.append(s)
     return out
 

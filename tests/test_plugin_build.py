@@ -83,15 +83,16 @@ def test_settings_from_the_environment() -> None:
     assert settings.from_env({"SGLANG_DDTREE_BUDGET": "63"}).topk == 63
 
 
-def test_the_unproven_verify_paths_are_opt_in() -> None:
+def test_the_proven_verify_paths_are_on_unless_switched_off() -> None:
+    # plugin 0.3.4: both proven lossless on a GPU (session 8, call 1): unset is on, 0 the A/B
     for field, name in (("tree_attention", "SGLANG_DDTREE_TREE_ATTENTION"),
                         ("verify_graph", "SGLANG_DDTREE_VERIFY_GRAPH")):
         default = getattr(settings.from_env({}), field)
-        assert not default.on and not default.explicit
-        assert default.why == f"default until proven on a GPU; {name}=1 turns it on"
-        assert not getattr(settings.from_env({name: ""}), field).on
+        assert default.on and not default.explicit
+        assert default.why == f"default; {name}=0 turns it off"
+        assert getattr(settings.from_env({name: ""}), field) == default
         on = getattr(settings.from_env({name: " 1"}), field)
-        assert on.on and on.why == f"{name}=1"
+        assert on.on and on.explicit and on.why == f"{name}=1"
         off = getattr(settings.from_env({name: "0"}), field)
         assert not off.on and off.explicit and off.why == f"{name}=0"
 
@@ -102,8 +103,9 @@ def test_the_unproven_verify_paths_are_opt_in() -> None:
     ({"SGLANG_DDTREE_TOPK": "2000"}, "SGLANG_DDTREE_TOPK must be between 1 and 1024"),
     ({"SGLANG_DDTREE_SHADOW_LINEAR": "maybe"}, "SGLANG_DDTREE_SHADOW_LINEAR must be 1 or 0"),
     ({"SGLANG_DDTREE_TREE_ATTENTION": "yes"},
-     "SGLANG_DDTREE_TREE_ATTENTION must be 1 \\(on\\) or 0 \\(off, the default\\), got 'yes'"),
-    ({"SGLANG_DDTREE_VERIFY_GRAPH": "2"}, "SGLANG_DDTREE_VERIFY_GRAPH must be 1 \\(on\\) or 0"),
+     "SGLANG_DDTREE_TREE_ATTENTION must be 1 \\(on, the default\\) or 0 \\(off\\), got 'yes'"),
+    ({"SGLANG_DDTREE_VERIFY_GRAPH": "2"},
+     "SGLANG_DDTREE_VERIFY_GRAPH must be 1 \\(on, the default\\) or 0"),
     ({"SGLANG_DDTREE_VERIFY_GRAPH": "true"}, "SGLANG_DDTREE_VERIFY_GRAPH must be 1"),
 ])
 def test_bad_settings_are_refused_naming_the_variable(env: dict[str, str], message: str) -> None:

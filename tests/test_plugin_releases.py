@@ -33,7 +33,7 @@ from wheelcache import wheel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "payload" / "plugin"))
 
-from ddtree_sglang import releases  # noqa: E402
+from ddtree_sglang import __version__, releases  # noqa: E402
 
 SUPPORTED = sorted(releases.SUPPORTED)
 
@@ -152,12 +152,12 @@ def test_registers_on_the_release(sites: dict[str, Path], version: str) -> None:
     assert f"DDTREE registered on SGLang {version}" in got["log"]
 
 
-def test_an_unproven_verify_path_is_refused_at_start_unless_1_or_0(
+def test_a_verify_path_switch_is_refused_at_start_unless_1_or_0(
         sites: dict[str, Path]) -> None:
     version = SUPPORTED[0]
     for name in ("SGLANG_DDTREE_TREE_ATTENTION", "SGLANG_DDTREE_VERIFY_GRAPH"):
         got = register(sites[version], version, env={name: "on"})
-        assert got["validate"] == f"DDTREE: {name} must be 1 (on) or 0 (off, the default), " \
+        assert got["validate"] == f"DDTREE: {name} must be 1 (on, the default) or 0 (off), " \
                                   "got 'on'."
         for good in ("1", "0"):
             assert register(sites[version], version, env={name: good})["validate"] == "ok"
@@ -296,6 +296,9 @@ def test_check_answers_for_the_release(sites: dict[str, Path], version: str) -> 
     assert got["ctor_matches"] and got["serves"] == "plugin" and got["loaded"] == "file"
     assert got["worker_ctor"] == ("ps" if "ps" in releases.SUPPORTED[version]["ctor"] else
                                   "no_ps")
+    # the wheel built from this checkout, and whether a GPU run proved it and this release
+    assert got["plugin"] == __version__ and got["gpu_proven"] is (version in releases.GPU_PROVEN)
+    assert got["plugin_gpu_proven"] is (__version__ in releases.PLUGIN_GPU_PROVEN)
 
 
 LOAD = FAKES + r"""

@@ -195,8 +195,8 @@ def test_a_policy_that_still_refuses_leaves_the_backend_as_it_was(
     assert type(runner.attn_backend) is triton_cls
 
 
-def _opt_ins(env: dict[str, str]) -> dict[str, Any]:
-    """The two opt-ins as the worker passes them (``settings.from_env``, checked at start)."""
+def _switches(env: dict[str, str]) -> dict[str, Any]:
+    """The two switches as the worker passes them (``settings.from_env``, checked at start)."""
     got = settings.from_env(env)
     return {"tree_attention": got.tree_attention, "verify_graph": got.verify_graph}
 
@@ -204,23 +204,23 @@ def _opt_ins(env: dict[str, str]) -> dict[str, Any]:
 def _prepare(runner: Any, env: dict[str, str], *, graphs_on: bool = True,
              tree_mode: bool = True) -> bool:
     return target_attention.prepare(runner, tree_mode=tree_mode, n=16, tp_size=1,
-                                    graphs_on=graphs_on, **_opt_ins(env))
+                                    graphs_on=graphs_on, **_switches(env))
 
 
-UNPROVEN = "default until proven on a GPU"
+DEFAULT_ON = "default; SGLANG_DDTREE_TREE_ATTENTION=0 turns it off"
+GRAPHS_ON = "default; SGLANG_DDTREE_VERIFY_GRAPH=0 turns it off"
 
 
 @pytest.mark.parametrize(("env", "graphs_on", "said"), [
-    # the default: neither unproven path, the plugin as proven on the H200 (6ebdc14)
-    ({}, True, f"tree kernel off ({UNPROVEN}; SGLANG_DDTREE_TREE_ATTENTION=1 turns it on); "
-               f"eager ({UNPROVEN}; SGLANG_DDTREE_VERIFY_GRAPH=1 turns it on)"),
-    # both off by name: perf-8b's ddtree15-8b-prev
+    # both off by name: the plugin as proven on the H200 in call 2 (6ebdc14); perf-8b's -prev
     ({"SGLANG_DDTREE_VERIFY_GRAPH": "0", "SGLANG_DDTREE_TREE_ATTENTION": "0"}, True,
      "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0); eager (SGLANG_DDTREE_VERIFY_GRAPH=0)"),
     ({"SGLANG_DDTREE_VERIFY_GRAPH": "1", "SGLANG_DDTREE_TREE_ATTENTION": "0"}, False,
      "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0); eager (CUDA graphs are off)"),
+    ({"SGLANG_DDTREE_TREE_ATTENTION": "0"}, False,
+     "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0); eager (CUDA graphs are off)"),
 ])
-def test_prepare_keeps_sglangs_kernel_and_the_eager_verify_unless_opted_in(
+def test_prepare_keeps_sglangs_kernel_and_the_eager_verify_when_switched_off(
         env: dict[str, str], graphs_on: bool, said: str,
         caplog: pytest.LogCaptureFixture) -> None:
     extend = object()
@@ -233,10 +233,11 @@ def test_prepare_keeps_sglangs_kernel_and_the_eager_verify_unless_opted_in(
     assert backend.extend_attention_fwd is extend  # SGLang's kernel, not even wrapped
 
 
-def test_prepare_serves_both_when_opted_in(monkeypatch: pytest.MonkeyPatch,
-                                           caplog: pytest.LogCaptureFixture) -> None:
-    # the tree kernel's module as the plugin calls it (its kernel needs triton and a GPU; its
-    # own tests are tests/test_ddtree_tree_attention.py): what prepare wraps and checks
+def _kernel(monkeypatch: pytest.MonkeyPatch, verdict: str = "on") -> list[dict[str, Any]]:
+    """The tree kernel's module as the plugin calls it (its kernel needs triton and a GPU; its
+    own tests are tests/test_ddtree_tree_attention.py), whose check says ``verdict`` (``raise``:
+    the check fails to run), and SGLang's first supported release's mask policy; the shapes the
+    check was given."""
     checked: list[dict[str, Any]] = []
 
     def wrap(fwd: Any) -> Any:
@@ -247,8 +248,10 @@ def test_prepare_serves_both_when_opted_in(monkeypatch: pytest.MonkeyPatch,
 
     def self_check(fwd: Any, **shape: Any) -> str:
         checked.append(shape)
-        fwd.ddtree_state["checked"] = True
-        return "on"
+        if verdict == "raise":
+            raise RuntimeError("no kernel")
+        fwd.ddtree_state.update(checked=True, on=verdict == "on")
+        return verdict
 
     kernel = types.ModuleType("ddtree.tree_attention")
     kernel.wrap, kernel.self_check = wrap, self_check  # type: ignore[attr-defined]
@@ -259,32 +262,49 @@ def test_prepare_serves_both_when_opted_in(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(sys.modules, utils.__name__, utils)
     monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dflash_utils", utils,
                         raising=False)
+    return checked
 
-    extend = object()
+
+def _runner(extend: Any) -> Any:
     backend = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": extend})()
     config = types.SimpleNamespace(get_num_attention_heads=lambda tp: 32,
                                    get_num_kv_heads=lambda tp: 8, head_dim=128)
-    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None,
-                                   model_config=config, device="cuda", dtype="bfloat16")
-    env = {"SGLANG_DDTREE_TREE_ATTENTION": "1", "SGLANG_DDTREE_VERIFY_GRAPH": "1"}
+    return types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None,
+                                 model_config=config, device="cuda", dtype="bfloat16")
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    # plugin 0.3.4: both on by default (proven lossless on the H200, session 8 call 1)
+    ({}, f"tree kernel on ({DEFAULT_ON}); CUDA graphs with the tree's mask ({GRAPHS_ON})"),
+    ({"SGLANG_DDTREE_TREE_ATTENTION": "1", "SGLANG_DDTREE_VERIFY_GRAPH": "1"},
+     "tree kernel on (SGLANG_DDTREE_TREE_ATTENTION=1); CUDA graphs with the tree's mask "
+     "(SGLANG_DDTREE_VERIFY_GRAPH=1)"),
+])
+def test_prepare_serves_both_by_default_and_when_set(
+        env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    checked = _kernel(monkeypatch)
+    extend = object()
+    runner = _runner(extend)
+    backend = runner.attn_backend
     with caplog.at_level(logging.INFO, logger=target_attention.__name__):
         assert _prepare(runner, env) is True
-    assert "DDTREE target verify: tree kernel on (SGLANG_DDTREE_TREE_ATTENTION=1); CUDA graphs " \
-           "with the tree's mask (SGLANG_DDTREE_VERIFY_GRAPH=1)" in caplog.text
+    assert f"DDTREE target verify: {said}" in caplog.text
     assert backend.extend_attention_fwd is not extend and checked == [
         {"device": "cuda", "heads": 32, "kv_heads": 8, "head_dim": 128, "n": 16,
          "dtype": "bfloat16"}]
+    assert backend.extend_attention_fwd.ddtree_state["on"]
     assert type(backend).__name__ == target_attention.GRAPH_CLASS
 
     # the graphs alone: SGLang's kernel unwrapped, the verify graphs with the mask
     plain = type(target_attention.BACKEND_CLASS, (), {"extend_attention_fwd": extend})()
     runner = types.SimpleNamespace(attn_backend=plain, decode_attn_backend=None)
-    assert _prepare(runner, {"SGLANG_DDTREE_VERIFY_GRAPH": "1"}) is True
+    assert _prepare(runner, {**env, "SGLANG_DDTREE_TREE_ATTENTION": "0"}) is True
     assert plain.extend_attention_fwd is extend
     assert type(plain).__name__ == target_attention.GRAPH_CLASS
 
 
-def test_the_opted_in_tree_kernel_is_checked_against_sglangs_real_kernel_then_serves(
+def test_the_default_tree_kernel_is_checked_against_sglangs_real_kernel_then_serves(
         sglang_extend_kernel: Any, kernel_device: str,  # noqa: F811
         caplog: pytest.LogCaptureFixture) -> None:
     """The tree kernel's path of prepare with the real kernels (on a GPU, or on the CPU in
@@ -312,12 +332,12 @@ def test_the_opted_in_tree_kernel_is_checked_against_sglangs_real_kernel_then_se
         return types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None,
                                      model_config=config, device=kernel_device, dtype=dtype)
 
-    env = {"SGLANG_DDTREE_TREE_ATTENTION": "1"}
+    env: dict[str, str] = {}  # the default (plugin 0.3.4): the tree kernel on
     served = runner(sglangs)
     with caplog.at_level(logging.INFO, logger=target_attention.__name__):
         assert target_attention.prepare(served, tree_mode=True, n=n, tp_size=1, graphs_on=False,
-                                        **_opt_ins(env)) is False  # no graphs: eager verifies
-    assert "DDTREE target verify: tree kernel on (SGLANG_DDTREE_TREE_ATTENTION=1); eager" \
+                                        **_switches(env)) is False  # no graphs: eager verifies
+    assert f"DDTREE target verify: tree kernel on ({DEFAULT_ON}); eager (CUDA graphs are off)" \
         in caplog.text
     assert calls == [1]  # the self-check ran SGLang's kernel once
     d = make(2, *BLOCK, [5, 130], seed=23)
@@ -331,9 +351,27 @@ def test_the_opted_in_tree_kernel_is_checked_against_sglangs_real_kernel_then_se
     kept = runner(lambda *a, **k: a[3].fill_(7.0))  # a kernel the tree kernel disagrees with
     with caplog.at_level(logging.INFO, logger=target_attention.__name__):
         target_attention.prepare(kept, tree_mode=True, n=n, tp_size=1, graphs_on=False,
-                                 **_opt_ins(env))
-    assert "DDTREE target verify: tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=1)" in caplog.text
+                                 **_switches(env))
+    assert "DDTREE target verify: tree kernel off (its start-up check failed: SGLang's extend " \
+           f"kernel serves; {DEFAULT_ON})" in caplog.text
     assert kept.attn_backend.extend_attention_fwd.ddtree_state == {"on": False, "checked": True}
+
+
+@pytest.mark.parametrize(("verdict", "said"), [
+    ("off", "off (its start-up check failed: SGLang's extend kernel serves"),
+    ("raise", "off (the check could not run: RuntimeError: no kernel"),
+])
+def test_a_failed_start_up_check_leaves_sglangs_kernel_serving_by_default(
+        verdict: str, said: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    _kernel(monkeypatch, verdict)
+    runner = _runner(object())
+    with caplog.at_level(logging.INFO, logger=target_attention.__name__):
+        assert _prepare(runner, {}) is True  # the verify graphs do not depend on the kernel
+    assert f"DDTREE target verify: tree kernel {said}; {DEFAULT_ON}); CUDA graphs with the " \
+           f"tree's mask ({GRAPHS_ON})" in caplog.text
+    # the wrapper stays in place, off: every call goes to SGLang's kernel
+    assert runner.attn_backend.extend_attention_fwd.ddtree_state["on"] is False
 
 
 def test_prepare_leaves_shadow_linear_to_dflash() -> None:

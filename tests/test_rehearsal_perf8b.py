@@ -43,7 +43,7 @@ def test_servers_are_judged_settings_and_the_old_one_only_with_a_snapshot(tmp_pa
     assert [s.name for s in plain] == ["nospec-8b", "dflash-8b", "ddtree15-8b", "ddtree31-8b",
                                        "ddtree15-8b-extendattn"]
     assert dict(plain[-1].env)["SGLANG_DDTREE_TREE_ATTENTION"] == "0"
-    # the patch set (0.5.11) takes no plugin opt-in: its tree kernel is on by default
+    # the patch set (0.5.11) takes no plugin switch: its tree kernel is on by default
     assert [dict(s.env).get("SGLANG_DDTREE_TREE_ATTENTION") for s in plain] == [None] * 4 + ["0"]
     assert not any("SGLANG_DDTREE_VERIFY_GRAPH" in dict(s.env) for s in plain)
     assert [s.name for s in ab][-1] == "ddtree15-8b-old" and ab[-1].venv == "/w/venv-old"
@@ -63,7 +63,8 @@ def test_on_the_plugin_form_the_ab_is_the_plugins_own_switches(
     assert run._old_payload("0.5.17") is None and run._old_payload("0.5.11") == tmp_path
     got = {s.name: s for s in run._servers("perf-8b", sglang="0.5.17")}
     assert "ddtree15-8b-old" not in got and all(s.venv is None for s in got.values())
-    # the plugin's verify changes are opt-in (plugin 0.3.2): each server names both switches
+    # each server names both switches (the plugin's default, both on from 0.3.4, is named too:
+    # the A/B does not depend on the plugin release's default)
     switches = {name: {k: v for k, v in s.env if k in (
         "SGLANG_DDTREE_TREE_ATTENTION", "SGLANG_DDTREE_VERIFY_GRAPH")}
         for name, s in got.items() if s.algorithm == "ddtree"}
@@ -266,11 +267,11 @@ def test_the_table_names_the_release_and_the_plugins_ab() -> None:
     text = perf8b_table.render(doc, "final call")
     assert "; 3 (of 5 asked) alternating rounds" in text.splitlines()[0]
     assert "; SGLang 0.5.17 + the plugin" in text.splitlines()[0]
-    assert "`ddtree15-8b-prev`: the plugin's default, as before its verify changes" in text
+    assert "`ddtree15-8b-prev`: both verify changes off, as before them" in text
     assert "`ddtree15-8b-eagerverify`" not in text
     # the servers whose switches differ by form: said for the plugin, not for the patch set
     doc["perf8b"]["timings"]["ddtree15-8b"] = doc["perf8b"]["timings"]["dflash-8b"]
-    assert "`ddtree15-8b`: both opted in (SGLANG_DDTREE_TREE_ATTENTION=1" in \
+    assert "`ddtree15-8b`: both on, named (SGLANG_DDTREE_TREE_ATTENTION=1" in \
         perf8b_table.render(doc, "final call")
     assert "`ddtree15-8b`:" not in perf8b_table.render({**doc, "sglang": "0.5.11"}, "call")
     doc["perf8b"]["timings"]["ddtree31-8b"] = {"failed": ["HTTP 500"], "batch1": {

@@ -471,7 +471,7 @@ def test_faults_reach_the_plugin_forms_modules(tmp_path: Path, fault: str, modul
         assert clean_share < 0.8 and share == 1.0
 
 
-def test_on_the_plugin_form_the_lossless_checks_run_the_opt_ins_and_one_server_the_default(
+def test_on_the_plugin_form_the_lossless_checks_run_the_default_and_one_server_switched_off(
         tmp_path: Path) -> None:
     from rehearsal import phases, servers
 
@@ -482,21 +482,24 @@ def test_on_the_plugin_form_the_lossless_checks_run_the_opt_ins_and_one_server_t
         assert plugin.keys() == patch_set.keys()
         assert not any(k in switches for s in patch_set.values() for k, _ in s.env)
         for name, s in plugin.items():
-            if s.algorithm != "ddtree" or name in servers.PLUGIN_DEFAULT:
-                assert s == patch_set[name]  # the plugin's default: nothing set
+            if s.algorithm != "ddtree" or name not in servers.PLUGIN_SWITCHED_OFF:
+                assert s == patch_set[name]  # the plugin's default (both on): nothing set
                 continue
-            assert s.env == (*patch_set[name].env, *servers.PLUGIN_OPT_INS)
+            assert s.env == (*patch_set[name].env, *servers.PLUGIN_OFF)
             unit = hosts_file(s, "/venv", tmp_path).read_text()  # what the tool renders from
-            assert "SGLANG_DDTREE_TREE_ATTENTION: '1'" in unit
-            assert "SGLANG_DDTREE_VERIFY_GRAPH: '1'" in unit
-    # one DDTREE server of correctness checks the default against the same references
+            assert "SGLANG_DDTREE_TREE_ATTENTION: '0'" in unit
+            assert "SGLANG_DDTREE_VERIFY_GRAPH: '0'" in unit
+    # one DDTREE server of correctness checks the eager path (both 0) against the same references
     assert {s.name for s in run._servers("correctness", sglang="0.5.17")
-            if s.algorithm == "ddtree" and not set(switches) & {k for k, _ in s.env}} == \
+            if s.algorithm == "ddtree" and set(switches) & {k for k, _ in s.env}} == \
         {"ddtree31-ladder"}
+    assert dict(servers.PLUGIN_OFF) == dict.fromkeys(switches, "0")
     both = phases.union(phases.parse("correctness,request-params"),  # type: ignore[arg-type]
                         lambda p: run._servers(p, sglang="0.5.17"))
     assert not isinstance(both, str) and len(both) == 18
-    # a server that names a switch itself keeps its own value
-    own = Server("x", "/m", "ddtree", 15, 8, env=(("SGLANG_DDTREE_VERIFY_GRAPH", "0"),))
-    assert servers.opted_in([own], "0.5.17")[0].env == (
-        ("SGLANG_DDTREE_VERIFY_GRAPH", "0"), ("SGLANG_DDTREE_TREE_ATTENTION", "1"))
+    # a server that names a switch itself keeps its own value; the patch set takes none
+    own = Server("ddtree31-ladder", "/m", "ddtree", 15, 8,
+                 env=(("SGLANG_DDTREE_VERIFY_GRAPH", "1"),))
+    assert servers.switched(([own]), "0.5.17")[0].env == (
+        ("SGLANG_DDTREE_VERIFY_GRAPH", "1"), ("SGLANG_DDTREE_TREE_ATTENTION", "0"))
+    assert servers.switched([own], "0.5.11") == [own]

@@ -76,7 +76,8 @@ def light() -> dict[str, Any]:
     out.update(supported=True, worker_ctor="ps" if "ps" in params else "no_ps",
                ctor_matches=params == want, upstream_ddtree=upstream,
                serves="upstream" if upstream else "plugin",
-               gpu_proven=version in releases.GPU_PROVEN)
+               gpu_proven=version in releases.GPU_PROVEN,
+               plugin_gpu_proven=__version__ in releases.PLUGIN_GPU_PROVEN)
     if not out["entry_point"]:
         out["error"] = f"entry point {ENTRY!r} of group {GROUP} is not listed"
     elif params != want:

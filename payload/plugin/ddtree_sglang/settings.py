@@ -5,14 +5,16 @@
 | ``SGLANG_DDTREE_BUDGET`` | tree nodes verified per round, 1-1024 | 32 |
 | ``SGLANG_DDTREE_TOPK`` | candidates per depth, 1-1024 | the budget |
 | ``SGLANG_DDTREE_SHADOW_LINEAR`` | ``1``: build and score the tree, verify the chain | off |
-| ``SGLANG_DDTREE_TREE_ATTENTION`` | ``1``: the tree verify kernel in front of SGLang's | off |
-| ``SGLANG_DDTREE_VERIFY_GRAPH`` | ``1``: the verify replays graphs captured with the mask | off |
+| ``SGLANG_DDTREE_TREE_ATTENTION`` | ``0``: SGLang's extend kernel, not the tree kernel | on |
+| ``SGLANG_DDTREE_VERIFY_GRAPH`` | ``0``: verify eagerly, not from graphs with the mask | on |
 
 A value that is not an integer in range is refused at start with the variable's name. The
-last two are opt-ins (``target_attention``): off until a GPU run proves them lossless in the
-plugin form (an unset variable is off, ``0`` is off, ``1`` is on, anything else is refused
-at start). The 0.5.11 patch set takes the first three as ``--speculative-ddtree-*`` flags
-and serves its (proven) tree kernel by default.
+last two are A/B switches of the target's verify (``target_attention``), on by default from
+plugin 0.3.4 (opt-in in 0.3.2-0.3.3, until the rehearsal proved them lossless on an H200): an
+unset variable is on, ``1`` is on, ``0`` is off (the verify as proven before them: eager,
+SGLang's extend kernel), anything else is refused at start. A tree kernel whose start-up check
+fails leaves SGLang's kernel serving whatever the switch says. The 0.5.11 patch set takes the
+first three as ``--speculative-ddtree-*`` flags and serves its tree kernel by default.
 """
 
 from __future__ import annotations
@@ -29,18 +31,18 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
-class OptIn:
-    """An unproven path's switch: on only where its variable says ``1``."""
+class Switch:
+    """A proven verify path's A/B switch: on unless its variable says ``0``."""
 
     name: str
-    on: bool = False
+    on: bool = True
     explicit: bool = False  # the variable was set (``0`` or ``1``), not left to the default
 
     @property
     def why(self) -> str:
         if self.explicit:
             return f"{self.name}={int(self.on)}"
-        return f"default until proven on a GPU; {self.name}=1 turns it on"
+        return f"default; {self.name}=0 turns it off"
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,8 @@ class Settings:
     budget: int
     topk: int
     shadow_linear: bool
-    tree_attention: OptIn = OptIn(TREE_ATTENTION)
-    verify_graph: OptIn = OptIn(VERIFY_GRAPH)
+    tree_attention: Switch = Switch(TREE_ATTENTION)
+    verify_graph: Switch = Switch(VERIFY_GRAPH)
 
     @property
     def mode(self) -> str:
@@ -70,13 +72,13 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _opt_in(env: Mapping[str, str], name: str) -> OptIn:
+def _switch(env: Mapping[str, str], name: str) -> Switch:
     raw = env.get(name, "").strip()
     if raw == "":
-        return OptIn(name)
+        return Switch(name)
     if raw not in ("0", "1"):
-        raise ValueError(f"DDTREE: {name} must be 1 (on) or 0 (off, the default), got {raw!r}.")
-    return OptIn(name, on=raw == "1", explicit=True)
+        raise ValueError(f"DDTREE: {name} must be 1 (on, the default) or 0 (off), got {raw!r}.")
+    return Switch(name, on=raw == "1", explicit=True)
 
 
 def from_env(env: Mapping[str, str]) -> Settings:
@@ -87,5 +89,5 @@ def from_env(env: Mapping[str, str]) -> Settings:
     if raw not in _TRUE + _FALSE:
         raise ValueError(f"DDTREE: {SHADOW_LINEAR} must be 1 or 0, got {raw!r}.")
     return Settings(budget=budget, topk=topk, shadow_linear=raw in _TRUE,
-                    tree_attention=_opt_in(env, TREE_ATTENTION),
-                    verify_graph=_opt_in(env, VERIFY_GRAPH))
+                    tree_attention=_switch(env, TREE_ATTENTION),
+                    verify_graph=_switch(env, VERIFY_GRAPH))

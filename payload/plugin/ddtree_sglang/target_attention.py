@@ -1,10 +1,11 @@
 """The target's verify attention on SGLang 0.5.17+: the tree kernel, and graphs with the mask.
 
-Both are OPT-IN (``settings.OptIn``): off unless ``SGLANG_DDTREE_TREE_ATTENTION=1`` /
-``SGLANG_DDTREE_VERIFY_GRAPH=1``, until a GPU run proves them lossless in this form (a
-speculative decoder must never serve silently different tokens); off, the plugin verifies as
-it did when proven on the H200 (6ebdc14: the full tree eagerly, SGLang's extend kernel). The
-0.5.11 patch set's tree kernel, proven there, stays on by default. Both change the TARGET
+Both are ON by default from plugin 0.3.4 (``settings.Switch``; opt-in in 0.3.2-0.3.3 until the
+rehearsal proved them lossless on an H200, session 8 call 1: a speculative decoder must never
+serve silently different tokens). ``SGLANG_DDTREE_TREE_ATTENTION=0`` /
+``SGLANG_DDTREE_VERIFY_GRAPH=0`` turn them off (A/B switches): off, the plugin verifies as it
+did when first proven on the H200 (6ebdc14: the full tree eagerly, SGLang's extend kernel). The
+0.5.11 patch set's tree kernel is on by default there too. Both change the TARGET
 model runner's triton backend (never the drafter's), from the worker's
 ``init_attention_backends``: SGLang builds every worker's attention backends before it captures
 any CUDA graph (``Scheduler.init_model_worker``: ``init_all_attention_backends``, then
@@ -16,7 +17,8 @@ graphs are not captured yet (:func:`prepare` checks that they are not).
    through the split-KV tree kernel; checked once against SGLang's kernel at once, on a
    synthetic block of the model's shape (``tree_attention.self_check``: the first real block
    would be a graph capture's warm-up, whose mask is a placeholder). A mismatch or an error
-   leaves SGLang's kernel serving. Unset or ``0``: SGLang's kernel, not even wrapped.
+   leaves SGLang's kernel serving (whatever the switch says). ``0``: SGLang's kernel, not even
+   wrapped.
 2. **Verify graphs with the tree's mask.** DFLASH's block is causal, so SGLang captures the
    target's verify graphs without a custom mask on the backends it lists in
    ``dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS`` (by class name; triton among them
@@ -25,7 +27,7 @@ graphs are not captured yet (:func:`prepare` checks that they are not).
    graph runner's policy (``resolve_dflash_verify_mask_policy``) then captures the verify with
    the backend's mask buffer, and every replay copies the round's mask into it
    (``TritonAttnBackend._update_target_verify_buffers``), as SGLang 0.5.11 did for triton.
-   Without it (not opted in, CUDA graphs off, graphs already captured, a
+   Without it (switched off, CUDA graphs off, graphs already captured, a
    backend other than triton, or SGLang's policy still saying no mask) the worker runs the
    full-tree verify eagerly (``compat.eager``), as the plugin did before.
 """
@@ -36,7 +38,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddtree_sglang.settings import OptIn
+    from ddtree_sglang.settings import Switch
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ def wrap_tree_kernel(runner: Any, n: int, tp_size: int) -> str:
                                  heads=int(cfg.get_num_attention_heads(tp_size)),
                                  kv_heads=int(cfg.get_num_kv_heads(tp_size)),
                                  head_dim=int(cfg.head_dim), n=int(n), dtype=runner.dtype)
+            if verdict == "off":  # a mismatch or an error (its own log line says which)
+                verdict = "off (its start-up check failed: SGLang's extend kernel serves)"
         except Exception as exc:  # unchecked: never served (SGLang's kernel throughout)
             fwd.ddtree_state.update(on=False, checked=True)
             verdict = f"off (the check could not run: {type(exc).__name__}: {exc})"
@@ -120,8 +124,8 @@ def graphs_hold_mask(runner: Any) -> str | None:
 
 
 def prepare(runner: Any, *, tree_mode: bool, n: int, tp_size: int, graphs_on: bool,
-            tree_attention: OptIn, verify_graph: OptIn) -> bool:
-    """The opted-in changes on the target's ``runner`` (see the module); True when the full-tree
+            tree_attention: Switch, verify_graph: Switch) -> bool:
+    """The switched-on changes on the target's ``runner`` (see the module); True when the full-tree
     verify can replay the target's graphs (they will carry the mask). Logs which verify serves
     and why."""
     if not tree_mode:

@@ -12,9 +12,9 @@ round is this module's:
    ``prefix + depth`` and the ancestor-only mask. Plan and walk replay from CUDA graphs per batch
    size (``ddtree.graphs``; module docstring of the 0.5.11 worker for the limits).
 3. **Verify.** The target runs the ``budget + 1`` slots under the tree's mask (SGLang's flattened
-   custom-mask layout, the triton backend; eagerly through SGLang's extend kernel by default,
-   opted in through the tree kernel and replayed from the target's CUDA graphs, which carry the
-   mask: ``target_attention``) into the request's reserved KV slots
+   custom-mask layout, the triton backend; by default through the tree kernel and replayed from
+   the target's CUDA graphs, which carry the mask; switched off, eagerly through SGLang's extend
+   kernel: ``target_attention``) into the request's reserved KV slots
    ``prefix .. prefix + budget``; the target's token after every slot is its argmax for greedy
    requests and its own filtered sample for sampled ones (``ddtree.sampling``), so the walk
    commits exactly what the target alone would.
