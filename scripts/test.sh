@@ -37,10 +37,19 @@ pytest=(.venv/bin/pytest -q -p no:cacheprovider)
 collect() { "${pytest[@]}" --collect-only --tier-manifest="$manifests/all" "$@" >/dev/null; }
 stage collect collect "$@"
 
+# The unit and integration tiers run on pytest-xdist workers, one test file at a time each
+# (--dist loadfile: a module's fixtures are built once): the unit tier on a worker per core, the
+# integration tier on two per core (its tests mostly wait on the processes they start). The lab
+# is one per machine: its tier runs in this process. `-n 0` among the extra arguments runs all
+# in one process.
+cores=$(nproc)
+declare -A workers=([unit]="-n $cores --dist loadfile" [lab]="")
+workers[integration]="-n $((2 * cores)) --dist loadfile"
 touch "$manifests/skips"
 for tier in unit integration lab; do
   rc=0
-  stage "$tier" "${pytest[@]}" -m "$tier" --tier-manifest="$manifests/$tier" \
+  # shellcheck disable=SC2086  # the workers' options: words
+  stage "$tier" "${pytest[@]}" -m "$tier" ${workers[$tier]} --tier-manifest="$manifests/$tier" \
     --skip-report="$manifests/skips" --durations=10 "$@" || rc=$?
   [ "$rc" -eq 5 ] && rc=0  # no test of this tier selected (by -k, or none exists)
   touch "$manifests/$tier"
