@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy.config.hosts import Config
@@ -22,6 +22,7 @@ from ddtree_deploy.overlay.model import FileEntry, OverlayPlan, VenvManifest
 from ddtree_deploy.overlay.plan import is_noop, plan
 from ddtree_deploy.overlay.progress import NullProgress, ProgressSink
 from ddtree_deploy.transport.connect import open_transport
+from ddtree_deploy.transport.fanout import parallel_map
 
 if TYPE_CHECKING:  # the transfer's and the apply's modules load only when something is sent
     from ddtree_deploy.overlay.apply import ApplyOutcome
@@ -164,10 +165,15 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
 
         _guard(r, go)
 
-    with ThreadPoolExecutor(max_workers=workers + 1) as pool:  # source and targets at once
-        pending = pool.submit(_source_manifest, config, lane, ears)
-        list(pool.map(read, results))
-        source = pending.result()
+    found: list[VenvManifest] = []  # the source's, read beside the targets'
+
+    def read_source() -> None:
+        found.append(_source_manifest(config, lane, ears))
+
+    tasks: list[Callable[[], None]] = [read_source, *(partial(read, r) for r in results)]
+    # source and targets at once, in daemon threads: Ctrl-C ends the command at once
+    parallel_map(lambda task: task(), tasks, workers=workers + 1)
+    (source,) = found
     fleet.seconds["manifests"] = round(time.monotonic() - t0, 3)
     t1 = time.monotonic()
     for r in results:
@@ -225,9 +231,8 @@ def run_fleet(config: Config, lane: Lane, targets: list[tuple[str, str]], *,
             r.seconds["apply"] = round(time.monotonic() - t, 3)
 
         t3 = time.monotonic()
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(apply_one, [(r, d) for r, d in zip(todo, dests, strict=True)
-                                      if r.error is None]))
+        parallel_map(apply_one, [(r, d) for r, d in zip(todo, dests, strict=True)
+                                 if r.error is None], workers=workers)
         fleet.seconds["apply"] = round(time.monotonic() - t3, 3)
     finally:
         for t in opened:

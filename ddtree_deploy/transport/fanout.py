@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from ddtree_deploy.errors import DeployError, ExitCode
 
 T = TypeVar("T")
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -31,26 +33,17 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-def fan_out(
-    hosts: Iterable[str], fn: Callable[[str], T], *, concurrency: int = 8
-) -> list[Outcome[T]]:
-    """fn(host) for every host, at most `concurrency` at once, in the hosts' order."""
-    names = list(hosts)
-
-    def one(host: str) -> Outcome[T]:
-        try:
-            return Outcome(host, value=fn(host))
-        except DeployError as exc:
-            return Outcome(host, error=exc)
-        except OSError as exc:  # a library error that escaped its boundary: still data
-            return Outcome(host, error=DeployError(f"{host}: {exc}"))
-
-    if not names:
+def parallel_map(fn: Callable[[A], R], items: Sequence[A], *, workers: int) -> list[R]:
+    """fn(item) for every item, at most `workers` at once, the results in the items' order.
+    An exception fn raises stops the items not yet begun and is raised here once the running
+    ones end (as a thread pool's map). Ctrl-C raises here at once, leaving the daemon workers
+    behind (a thread pool would first wait for every running item, and serve the queued)."""
+    if not items:
         return []
-    outcomes: list[Outcome[T] | None] = [None] * len(names)
-    bugs: list[BaseException] = []  # anything else is a bug: raised in the caller, as map does
+    results: list[R | None] = [None] * len(items)
+    bugs: list[BaseException] = []
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for index in range(len(names)):
+    for index in range(len(items)):
         todo.put(index)
 
     def work() -> None:
@@ -60,22 +53,38 @@ def fan_out(
             except queue.Empty:
                 return
             try:
-                outcomes[index] = one(names[index])
+                results[index] = fn(items[index])
             except BaseException as exc:  # handed to the caller below
                 bugs.append(exc)
 
-    workers = [threading.Thread(target=work, name=f"fan-out-{n}", daemon=True)
-               for n in range(max(1, min(concurrency, len(names))))]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        # Ctrl-C raises here and leaves the daemon workers behind. Bounded waits: a SIGINT that
-        # lands just before a lock wait blocks is not seen by it (CPython), only at the next turn
-        while worker.is_alive():
-            worker.join(0.2)
+    threads = [threading.Thread(target=work, name=f"parallel-{n}", daemon=True)
+               for n in range(max(1, min(workers, len(items))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        # Bounded waits: a SIGINT that lands just before a lock wait blocks is not seen by
+        # it (CPython), only at the next turn
+        while thread.is_alive():
+            thread.join(0.2)
     if bugs:
         raise bugs[0]
-    return [outcome for outcome in outcomes if outcome is not None]
+    return cast("list[R]", results)
+
+
+def fan_out(
+    hosts: Iterable[str], fn: Callable[[str], T], *, concurrency: int = 8
+) -> list[Outcome[T]]:
+    """fn(host) for every host, at most `concurrency` at once, in the hosts' order."""
+
+    def one(host: str) -> Outcome[T]:
+        try:
+            return Outcome(host, value=fn(host))
+        except DeployError as exc:
+            return Outcome(host, error=exc)
+        except OSError as exc:  # a library error that escaped its boundary: still data
+            return Outcome(host, error=DeployError(f"{host}: {exc}"))
+
+    return parallel_map(one, list(hosts), workers=concurrency)
 
 
 def exit_code(outcomes: list[Outcome[T]]) -> ExitCode:
