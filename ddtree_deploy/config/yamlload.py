@@ -48,6 +48,7 @@ PathKey = tuple[str | int, ...]
 MERGE_TAG = "tag:yaml.org,2002:merge"
 INT_TAG = "tag:yaml.org,2002:int"
 FLOAT_TAG = "tag:yaml.org,2002:float"
+_LINE_BREAKS_YAML_ONLY = re.compile("[\x85\u2028\u2029]")  # NEL, LS, PS
 _DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
 MAP_TAG = "tag:yaml.org,2002:map"
 SEQ_TAG = "tag:yaml.org,2002:seq"
@@ -338,6 +339,14 @@ def _unreadable_character(text: str, exc: ReaderError, file: str) -> str:
 
 def parse_yaml(text: str, file: str) -> LoadedYaml:
     """Compose one YAML document from ``text`` (``file`` names it in messages)."""
+    odd = _LINE_BREAKS_YAML_ONLY.search(text)
+    if odd:  # YAML breaks lines there, an editor does not: every line number after it is off
+        line = text.count("\n", 0, odd.start()) + 1
+        column = odd.start() - (text.rfind("\n", 0, odd.start()) + 1) + 1
+        raise ConfigError(f"{file}:{line}:{column}: a raw U+{ord(odd.group()):04X} (a line "
+                          "separator to YAML, not to an editor, which would put what follows "
+                          "on another line than it shows); remove it, or write it as an escape "
+                          "in a double-quoted string")
     try:  # the reader refuses a raw control character (NUL, BEL, U+FFFE) as it is made
         loader = _Bounded(text)
     except ReaderError as exc:
