@@ -104,3 +104,49 @@ def test_ctrl_c_while_hosts_do_not_answer(tmp_path: Path,
         assert doc["error"]["message"].startswith("interrupted")
     else:
         assert "unreachable" not in out.decode()
+
+
+def test_ctrl_c_at_apply_s_question(tmp_path: Path) -> None:
+    """Ctrl-C at "Apply to ...? [y/N]" (a terminal) is 130 and "interrupted", as anywhere
+    else; typer said "Aborted." and exited 1, as for a "no"."""
+    import pty
+    import select
+
+    host = ("    address: 127.0.0.1\n    port: 1\n    ssh_persist: 0\n    venvs:\n"
+            "      v: {path: /root/v, role: serving}\n    models: {default: /root/m}\n")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"version: 1\nhosts:\n  closed:\n{host}deployments:\n"
+                     "  d: {host: closed, venv: v, cuda_lane: cu130, sglang: {version: 0.5.11}}\n")
+    env = {**os.environ, "NO_COLOR": "1", "XDG_STATE_HOME": str(tmp_path / "state"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "DDTREE_DEPLOY_HOSTS": ""}
+    argv = sigint_default([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts),
+                           "apply", "closed"])
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on a terminal
+        os.chdir(tmp_path)
+        os.execvpe(argv[0], argv, env)
+    seen = b""
+    asked = False
+    try:
+        end = time.monotonic() + HANG_GUARD_S  # a hang guard, not a bound
+        while time.monotonic() < end:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if not asked and b"Apply to closed?" in seen:
+                os.write(fd, b"\x03")  # Ctrl-C, as the terminal sends it
+                asked = True
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    text = seen.decode("utf-8", "replace")
+    assert asked, text
+    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert "interrupted" in text and "Traceback" not in text

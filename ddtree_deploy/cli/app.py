@@ -199,8 +199,13 @@ def _interrupted_at_start(signum: int, frame: Any) -> None:
 
 def _by_ctrl_c(done: SystemExit) -> bool:
     """Whether typer turned a KeyboardInterrupt into this exit (`raise Exit(130) from` it),
-    silently; a command's own exit 130 (bench's, its results printed) is not."""
+    silently, or into "Aborted." and 1 at a question (confirm's Abort); a command's own exit
+    130 (bench's, its results printed) is not."""
+    import typer
+
     seen: BaseException | None = done.__context__
+    if isinstance(seen, typer.Abort) and isinstance(seen.__context__, KeyboardInterrupt):
+        return True
     while seen is not None:
         if isinstance(seen.__cause__, KeyboardInterrupt):
             return True
