@@ -115,12 +115,14 @@ def test_ctrl_c_at_apply_s_question(tmp_path: Path) -> None:
     host = ("    address: 127.0.0.1\n    port: 1\n    ssh_persist: 0\n    venvs:\n"
             "      v: {path: /root/v, role: serving}\n    models: {default: /root/m}\n")
     hosts = tmp_path / "hosts.yaml"
-    hosts.write_text(f"version: 1\nhosts:\n  closed:\n{host}deployments:\n"
-                     "  d: {host: closed, venv: v, cuda_lane: cu130, sglang: {version: 0.5.11}}\n")
+    # two hosts (one that cannot be planned is its error, with no question)
+    hosts.write_text(f"version: 1\nhosts:\n  closed:\n{host}  shut:\n{host}deployments:\n"
+                     "  d: {host: closed, venv: v, cuda_lane: cu130, sglang: {version: 0.5.11}}\n"
+                     "  e: {host: shut, venv: v, cuda_lane: cu130, sglang: {version: 0.5.11}}\n")
     env = {**os.environ, "NO_COLOR": "1", "XDG_STATE_HOME": str(tmp_path / "state"),
            "XDG_CACHE_HOME": str(tmp_path / "cache"), "DDTREE_DEPLOY_HOSTS": ""}
     argv = sigint_default([sys.executable, "-m", "ddtree_deploy.cli", "--hosts", str(hosts),
-                           "apply", "closed"])
+                           "apply", "closed", "shut"])
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI on a terminal
         os.chdir(tmp_path)
@@ -140,7 +142,7 @@ def test_ctrl_c_at_apply_s_question(tmp_path: Path) -> None:
             if not chunk:
                 break
             seen += chunk
-            if not asked and b"Apply to closed?" in seen:
+            if not asked and b"Apply to closed, shut?" in seen:
                 os.write(fd, b"\x03")  # Ctrl-C, as the terminal sends it
                 asked = True
         _, status = os.waitpid(pid, 0)

@@ -179,3 +179,13 @@ def test_apply_with_an_unknown_host_does_nothing(world: dict[str, Any],
     assert code == 2 and isinstance(exc, ConfigError), text
     assert "unknown host 'ct20' (did you mean 'ct200'" in text
     assert not (world["root"] / "state" / "ddtree-deploy" / "runs").exists()
+
+
+def test_apply_does_not_ask_to_apply_a_plan_it_could_not_make(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One host that cannot be planned (unreachable): its error, exit 1, and no question
+    (it asked "Apply to gone? [y/N]" under the error)."""
+    monkeypatch.setattr(cli_converge, "can_ask", lambda: True)
+    code, text, exc = cli(world, "apply", "gone", stdin="y\n")
+    assert code == 1 and exc is not None, text
+    assert "gone (127.0.0.1:1) unreachable" in text and "Apply to" not in text

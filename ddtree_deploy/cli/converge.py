@@ -244,6 +244,8 @@ def apply(
     if not yes:
         if saved is None:  # a preview to confirm; under its lock each host must still match it
             saved = make_plan(config, names, refresh=True)
+            if len(saved.hosts) == 1 and saved.failures:  # nothing to confirm: its error
+                raise next(iter(saved.failures.values()))
         else:
             human.print(plain(f"the saved plan {plan_file}, made "
                               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.made_at))}"
