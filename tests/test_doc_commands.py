@@ -6,8 +6,8 @@ command in backquotes or on a line of a code block. An example (`plan ct200 --ou
 is parsed whole by the CLI's own parser (tests/test_remedies.py's `parse`: nothing run); a
 synopsis (`doctor HOST [--venv PATH] [--json]`, `payload deploy | verify`, `lab up ... / down`)
 has each command of it resolved and each option it names checked to exist on that command.
-The code: every string literal of ddtree_deploy/ that names a command in backquotes or in a
-parenthesis, its `{...}` fields filled with a word, parsed the same way.
+The code: every string literal of ddtree_deploy/ and lab/ddtree_lab/ that names a command
+in backquotes or in a parenthesis, its `{...}` fields filled with a word, parsed the same way.
 """
 
 from __future__ import annotations
@@ -61,9 +61,15 @@ FIELD = "\x00"  # an f-string's field, filled with a host's name once the comman
 def code_hints() -> list[tuple[str, str]]:
     """Command lines in the code's string literals (f-strings' fields filled with a word)."""
     found = []
-    for path in sorted((ROOT / "ddtree_deploy").rglob("*.py")):
+    # the tool's hints in backquotes, parentheses or after a colon; the lab's in backquotes
+    # (it names itself in prose: "(ddtree-deploy lab stand-in)", "Generator: ddtree-deploy")
+    anywhere = rf"(?:[`(]|: )\s*(ddtree-deploy (?:-|[a-z{FIELD}])[^`)]*)(?:[`)]|$)"
+    quoted = rf"`(ddtree-deploy (?:-|[a-z{FIELD}])[^`]*)`"
+    for path in sorted([*(ROOT / "ddtree_deploy").rglob("*.py"),
+                        *(ROOT / "lab" / "ddtree_lab").rglob("*.py")]):
         if "remote" in path.parts:
             continue  # host-side code: no CLI
+        pattern = quoted if "lab" in path.relative_to(ROOT).parts[:1] else anywhere
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.JoinedStr):
@@ -73,9 +79,7 @@ def code_hints() -> list[tuple[str, str]]:
                 text = node.value
             else:
                 continue
-            # `COMMAND`, (COMMAND), or a hint's ending "...: COMMAND"
-            for m in re.finditer(rf"(?:[`(]|: )\s*(ddtree-deploy (?:-|[a-z{FIELD}])[^`)]*)"
-                                 r"(?:[`)]|$)", text):
+            for m in re.finditer(pattern, text):
                 command = m.group(1).strip()
                 if command.split()[1] == FIELD:
                     continue  # `ddtree-deploy {name}`: a plugin's group named in a message
