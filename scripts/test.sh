@@ -39,12 +39,12 @@ stage collect collect "$@"
 
 # The unit and integration tiers run on pytest-xdist workers, one test file at a time each
 # (--dist loadfile: a module's fixtures are built once): the unit tier on a worker per core, the
-# integration tier on two per core (its tests mostly wait on the processes they start). The lab
-# is one per machine: its tier runs in this process. `-n 0` among the extra arguments runs all
-# in one process.
+# integration tier on two per core, at most 8 (its tests mostly wait on the processes they start;
+# some hold a torch model or a venv's worth of files). The lab is one per machine: its tier runs
+# in this process. `-n 0` among the extra arguments runs all in one process.
 cores=$(nproc)
 declare -A workers=([unit]="-n $cores --dist loadfile" [lab]="")
-workers[integration]="-n $((2 * cores)) --dist loadfile"
+workers[integration]="-n $((2 * cores < 8 ? 2 * cores : 8)) --dist loadfile"
 touch "$manifests/skips"
 for tier in unit integration lab; do
   rc=0
