@@ -344,6 +344,36 @@ def test_session_8s_calls_validate_and_say_what_results_md_reports() -> None:
     assert patch.checks["sampling/ddtree15-ladder"]["ok"]  # type: ignore[call-overload]
 
 
+def test_session_8s_calls_3_and_4_ran_the_landed_patch_set_and_plugin_default() -> None:
+    """Session 8's calls 3 (0.5.11 + patch set 0.3.1) and 4 (0.5.17 + plugin 0.3.4, both verify
+    paths on by default), SYNTHETIC designed models: what RESULTS.md and releases.py record."""
+    patch = _call("h200-s8-call3-sglang0511-patchset031-correctness.json")
+    plugin = _call("h200-s8-call4-sglang0517-plugin034-correctness.json")
+    assert (patch.sglang, plugin.sglang) == ("0.5.11", "0.5.17")
+    assert "payload 0.3.1" in patch.tool["payload_deploy"].stdout_tail
+    assert "plugin 0.3.4" in plugin.tool["payload_deploy"].stdout_tail
+    verify = plugin.checks["round-graphs/servers"]  # type: ignore[call-overload]
+    for name in ("ddtree15-ladder", "ddtree15-alarm"):
+        assert verify[name]["target_verify"].startswith("tree kernel on (default;"), name
+    assert verify["ddtree31-ladder"]["target_verify"].startswith(
+        "tree kernel off (SGLANG_DDTREE_TREE_ATTENTION=0)")
+    for got in (patch, plugin):
+        lossless = {k: v for k, v in got.checks.items() if k.startswith("lossless/")}
+        assert lossless.pop("lossless/ddtree15-alarm-maskfault")["wrong"] == 40  # type: ignore[index]
+        assert len(lossless) == 5 and all(v["ok"] and v["wrong"] == 0  # type: ignore[index]
+                                          for v in lossless.values())
+        for n, length in ((15, 3.81), (31, 4.71)):
+            acc = got.checks[f"accept/ddtree{n}-ladder"]  # type: ignore[call-overload]
+            assert acc["ok"] and round(acc["reported"]["spec_accept_length"], 2) == length
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "_releases", ROOT / "payload" / "plugin" / "ddtree_sglang" / "releases.py")
+    assert spec and spec.loader
+    releases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(releases)
+    assert {"0.3.3", "0.3.4"} <= set(releases.PLUGIN_GPU_PROVEN)
+
+
 def test_a_streamed_refusal_inside_a_started_stream_fails_the_refusals_check() -> None:
     """Session 7's 0.5.17 finding: HTTP 200, then ``data: {"error": ...}`` naming DDTREE; the
     phase must flag it on both streamed routes and pass the same server's other routes."""

@@ -36,13 +36,13 @@ REFUSED: dict[str, str] = {
 GPU_PROVEN = ("0.5.17",)
 
 # The plugin releases (``__version__``) whose verify paths a GPU run proved lossless, and how:
-# the rehearsal's correctness and request-params phases on an H200, SGLang 0.5.17, SYNTHETIC
-# designed models (benchmarks/RESULTS.md). 0.3.4 is not listed: it only turns 0.3.3's two verify
-# switches on by default (the code 0.3.3 served with both set to 1), but no GPU has run 0.3.4
-# itself; the next rehearsal on it (its lossless phases run the default) adds it.
+# the rehearsal's correctness (and request-params) phases on an H200, SGLang 0.5.17, SYNTHETIC
+# designed models (benchmarks/RESULTS.md, "Device calls of session 8").
 PLUGIN_GPU_PROVEN: dict[str, str] = {
     "0.3.3": "session 8 call 1 (main b070b48): SGLANG_DDTREE_TREE_ATTENTION=1 and "
              "SGLANG_DDTREE_VERIFY_GRAPH=1 on every DDTREE server but one, which ran both off",
+    "0.3.4": "session 8 call 4 (main 9356722): the correctness phase with every DDTREE server "
+             "on the default (both on) but one, which ran both 0",
 }
 
 
