@@ -37,17 +37,19 @@ def parallel_map(fn: Callable[[A], R], items: Sequence[A], *, workers: int) -> l
     """fn(item) for every item, at most `workers` at once, the results in the items' order.
     An exception fn raises stops the items not yet begun and is raised here once the running
     ones end (as a thread pool's map). Ctrl-C raises here at once, leaving the daemon workers
-    behind (a thread pool would first wait for every running item, and serve the queued)."""
+    behind to end with their running item, never to begin a queued one (a thread pool would
+    first wait for every running item, and serve the queued)."""
     if not items:
         return []
     results: list[R | None] = [None] * len(items)
     bugs: list[BaseException] = []
+    stop = threading.Event()  # the caller is gone (Ctrl-C): begin no more items
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(items)):
         todo.put(index)
 
     def work() -> None:
-        while not bugs:
+        while not bugs and not stop.is_set():
             try:
                 index = todo.get_nowait()
             except queue.Empty:
@@ -59,13 +61,17 @@ def parallel_map(fn: Callable[[A], R], items: Sequence[A], *, workers: int) -> l
 
     threads = [threading.Thread(target=work, name=f"parallel-{n}", daemon=True)
                for n in range(max(1, min(workers, len(items))))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        # Bounded waits: a SIGINT that lands just before a lock wait blocks is not seen by
-        # it (CPython), only at the next turn
-        while thread.is_alive():
-            thread.join(0.2)
+    try:  # Ctrl-C may land while the workers start, as well as while they are awaited
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            # Bounded waits: a SIGINT that lands just before a lock wait blocks is not seen
+            # by it (CPython), only at the next turn
+            while thread.is_alive():
+                thread.join(0.2)
+    except BaseException:
+        stop.set()
+        raise
     if bugs:
         raise bugs[0]
     return cast("list[R]", results)
