@@ -1,10 +1,19 @@
-"""tests/triton_interpret.py: Triton's interpreter for one test, and its XOR shortcut is XOR."""
+"""tests/triton_interpret.py: Triton's interpreter for one test, and its XOR shortcut is XOR.
+
+Triton 3.7.1's interpreter replaces ``triton.language``'s builtins while a kernel runs; a jit
+function a kernel calls (``tl.sort`` calls ``standard``'s) patches the modules its own globals
+name and never puts them back. The fixture undoes that too: after the test every attribute of
+``triton.language`` and its parts is the one from before (Triton's cached rewrite of a jit
+function adds names to its module, and replaces none).
+"""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -58,6 +67,18 @@ def test_sort_and_topk_in_the_interpreter_are_torchs(kernel_device: str) -> None
     assert torch.equal(out.cpu(), want) and torch.equal(top.cpu(), want[:8])
 
 
+_LANG = (tl, tl.core, tl.math, tl.standard, tl.core.tensor, tl.core.dtype,
+         tl.core.tensor_descriptor_base)  # what the interpreter patches
+
+
+def _lang_attributes() -> dict[tuple[Any, str], Any]:
+    """Every attribute of the parts of triton.language the interpreter patches, inherited ones
+    included (Triton's restore sets a class's inherited attribute on the class itself)."""
+    return {(owner, name): inspect.getattr_static(owner, name) for owner in _LANG
+            for name in dir(owner)
+            if name != "__annotations__"}  # made by Python when read (inspect reads it)
+
+
 def test_the_interpreter_is_on_for_the_test_only() -> None:
     before = (os.environ.get("TRITON_INTERPRET"), jit.JITFunction.run,
               jit.JITFunction.__call__, interpreter.ReduceOps.apply_impl)
@@ -68,3 +89,22 @@ def test_the_interpreter_is_on_for_the_test_only() -> None:
     after = (os.environ.get("TRITON_INTERPRET"), jit.JITFunction.run,
              jit.JITFunction.__call__, interpreter.ReduceOps.apply_impl)
     assert after == before
+
+
+def test_a_kernel_calling_jit_functions_leaves_triton_language_as_it_was() -> None:
+    before = _lang_attributes()
+    x = torch.arange(16, dtype=torch.int64)
+    out = torch.empty(16, dtype=torch.int64)
+    top = torch.empty(4, dtype=torch.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        interpret(mp)
+        _sort_kernel[(1,)](x, out, top, N=16, K=4)  # tl.sort/tl.topk: jit functions it calls
+    assert out.tolist() == list(range(15, -1, -1))  # it ran in the interpreter
+    after = _lang_attributes()
+    changed = [f"{owner.__name__}.{name}" for (owner, name), value in before.items()
+               if after[owner, name] is not value]
+    assert changed == []
+    # Added, never replaced: Triton's rewrite of a jit function (made once, cached) runs it in
+    # its module's globals with the interpreter's own names added where the module had none
+    added = {name for owner, name in after.keys() - before.keys()}
+    assert added <= vars(interpreter).keys()

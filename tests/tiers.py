@@ -82,6 +82,7 @@ INTEGRATION_MODULES = frozenset({
 INTEGRATION_TESTS = frozenset({
     "test_overlay_link_probe.py::test_the_probe_runs_on_the_host_and_a_cut_stream_is_an_error",
     "test_overlay_link_probe.py::test_the_sources_probe_runs_there_and_a_failing_python_is_an_error",
+    "test_triton_interpret.py::test_a_kernel_calling_jit_functions_leaves_triton_language_as_it_was",
     "test_ddtree_core.py::test_lossless_with_a_different_drafter",
     "test_ddtree_core.py::test_lossless_and_accepting_with_the_target_as_drafter",
     "test_payload_runtime.py::test_sampled_walk_commits_the_targets_distribution",

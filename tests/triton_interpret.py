@@ -8,7 +8,9 @@ So the :func:`kernel_device` fixture turns the interpreter on for its test only,
 would have from the start: it sets the variable (Triton reads it again while a kernel runs) and
 launches and calls every compiled-mode kernel (``JITFunction``) as the interpreted function
 ``triton.jit`` makes under the variable (``InterpretedFunction`` of the same Python function).
-Everything is as it was after the test. With a CUDA GPU it changes nothing: the kernels run
+Everything is as it was after the test, ``triton.language`` included: Triton 3.7.1's interpreted
+call of a jit function from a kernel leaves the builtins it patched patched; the fixture's call
+restores them. With a CUDA GPU it changes nothing: the kernels run
 compiled there.
 
 One shortcut, exact: the interpreter reduces with a combine function it does not know one
@@ -66,7 +68,14 @@ def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
                                                             **kwargs)
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:  # a kernel calling a jit function
-        return interpreter.InterpretedFunction(self.fn)(*args, **kwargs)
+        # The interpreted call patches triton.language's parts that the function's globals name
+        # (for tl.sort: triton.language.core, not patched by the kernel's launch) and never
+        # restores them; patched here first (the same attributes), they are restored after it
+        scope = interpreter._patch_lang(self.fn)
+        try:
+            return interpreter.InterpretedFunction(self.fn)(*args, **kwargs)
+        finally:
+            scope.restore()
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(jit.JITFunction, "run", run)
