@@ -99,7 +99,10 @@ def test_a_hosts_file_with_an_error_is_that_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "ip"), [
     ("127.0.0.1", True), ("127.0.0.1:22", True), ("root@10.0.0.1:2222", True),
     ("[::1]:22", True), ("::1", True), ("ct200", False), ("ct200:22", False),
-    ("host.example.com", False)])
+    ("host.example.com", False),
+    # the brackets without a port, as parse_address takes them (was: not an IP, so
+    # `hosts trust [::1]` past a broken hosts file was that file's error)
+    ("[::1]", True), ("root@[::1]", True), ("[fe80::1%eth0]", True), ("[ct200]", False)])
 def test_names_an_ip(text: str, ip: bool) -> None:
     assert names_an_ip(text) is ip
 

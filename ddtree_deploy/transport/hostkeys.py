@@ -354,14 +354,28 @@ def default_known_hosts() -> Path:
     return Path.home() / ".ssh" / "known_hosts"
 
 
-def names_an_ip(text: str) -> bool:
-    """Whether `text` (`addr`, `addr:port`, `[addr]:port`, `user@...`) is an IP address."""
-    text = text.strip().rsplit("@", 1)[-1]
+def _split_address(text: str) -> tuple[str, str, str]:
+    """`host`, `host:port`, `[host]`, `[host]:port`, each after an optional `user@` ->
+    (the text without the user, the address, the port's text), unchecked."""
+    text = text.strip()
+    if "@" in text:
+        text = text.split("@", 1)[1]
     match = _BRACKETED.match(text)
-    address = match["addr"] if match else text.rsplit(":", 1)[0] if text.count(":") == 1 \
-        else text
+    if match:
+        return text, match["addr"], match["port"]
+    if text.startswith("[") and text.endswith("]"):  # [::1]: the brackets without a port
+        return text, text[1:-1], "22"
+    if text.count(":") == 1:
+        address, port_text = text.split(":")
+        return text, address, port_text
+    return text, text, "22"
+
+
+def names_an_ip(text: str) -> bool:
+    """Whether `text` (`addr`, `addr:port`, `[addr]`, `[addr]:port`, `user@...`) is an IP
+    address, read as parse_address reads it."""
     try:
-        ipaddress.ip_address(address)
+        ipaddress.ip_address(_split_address(text)[1])
     except ValueError:
         return False
     return True
@@ -369,18 +383,7 @@ def names_an_ip(text: str) -> bool:
 
 def parse_address(text: str) -> tuple[str, int]:
     """`host`, `host:port`, `[host]:port` (IPv6 in brackets) -> (address, port)."""
-    text = text.strip()
-    if "@" in text:
-        text = text.split("@", 1)[1]
-    match = _BRACKETED.match(text)
-    if match:
-        address, port_text = match["addr"], match["port"]
-    elif text.startswith("[") and text.endswith("]"):  # [::1]: the brackets without a port
-        address, port_text = text[1:-1], "22"
-    elif text.count(":") == 1:
-        address, port_text = text.split(":")
-    else:
-        address, port_text = text, "22"
+    text, address, port_text = _split_address(text)
     # a name or an IPv4/IPv6 address (with its %scope): nothing else reaches the resolver,
     # ssh or a known_hosts line (a control character, '[' left over, a leading '-')
     if not _ADDRESS.match(address):
