@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 from ddtree_deploy.cli.common import (
     MAX_WAIT_S,
     config_of,
+    confirm,
     console,
     is_tty,
     print_results,
@@ -207,7 +208,7 @@ def run(
             if not sys.stdin.isatty():
                 raise UsageError("bench restarts the service: confirm on a terminal, or pass "
                                  "--yes")
-            if not typer.confirm("Run the sweep?", default=False, err=as_json):
+            if not confirm("Run the sweep?", err=as_json):
                 if as_json:  # the one document says so
                     raise RefusedError("the sweep was not confirmed: nothing was run")
                 raise typer.Exit(int(ExitCode.FAILED))
@@ -378,8 +379,7 @@ def recommend_cmd(
                 if not sys.stdin.isatty():
                     raise UsageError("recommend --write edits the hosts file: confirm on a "
                                      "terminal, or pass --yes")
-                if not typer.confirm(f"Write this into {config.path}?", default=False,
-                                     err=as_json):
+                if not confirm(f"Write this into {config.path}?", err=as_json):
                     if as_json:  # the one document says so
                         raise RefusedError(f"{config.path}: the write was not confirmed: "
                                            "nothing was written")

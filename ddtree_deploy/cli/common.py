@@ -90,6 +90,18 @@ _FOUND = {
 }
 
 
+def confirm(question: str, *, err: bool = False) -> bool:
+    """typer.confirm, "no" by default; Ctrl-C at it stays Ctrl-C (130 and "interrupted", as
+    anywhere), not typer's Abort, which prints "Aborted." first. End of input is still Abort."""
+    try:
+        return bool(typer.confirm(question, default=False, err=err))
+    except typer.Abort as abort:
+        if not isinstance(abort.__context__, KeyboardInterrupt):
+            raise
+        typer.echo(err=err)  # ends the question's line
+        raise KeyboardInterrupt from None
+
+
 def config_of(ctx: typer.Context) -> Config:
     """The validated hosts file named by --hosts (or found by discovery), cached on ctx."""
     root = ctx.find_root()

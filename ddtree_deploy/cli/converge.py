@@ -14,6 +14,7 @@ import typer
 from ddtree_deploy.cli.common import (
     MAX_WAIT_S,
     config_of,
+    confirm,
     console,
     host_failure,
     hosts_or_all,
@@ -251,7 +252,7 @@ def apply(
                               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.made_at))}"
                               ":"), markup=False, highlight=False)
         _render(saved, human)  # what will run, shown before the question
-        if not typer.confirm(f"Apply to {', '.join(names)}?", default=False, err=as_json):
+        if not confirm(f"Apply to {', '.join(names)}?", err=as_json):
             if as_json:  # the one document says so
                 raise RefusedError("apply was not confirmed: nothing was changed")
             raise typer.Exit(int(ExitCode.FAILED))

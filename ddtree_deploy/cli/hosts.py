@@ -12,6 +12,7 @@ from ddtree_deploy.cli.common import (
     MAX_WAIT_S,
     WIDE_HELP,
     config_of,
+    confirm,
     console,
     host_failure,
     hosts_or_all,
@@ -30,7 +31,7 @@ from ddtree_deploy.transport.hostkeys import (
 
 def _ask(question: str, *, err: bool = False) -> bool:
     try:
-        return bool(typer.confirm(question, default=False, err=err))
+        return confirm(question, err=err)
     except typer.Abort:  # end of input: no answer is a no
         return False
 
