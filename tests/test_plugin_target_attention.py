@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import os
 import sys
 import types
 import zipfile
@@ -240,13 +241,18 @@ def _kernel(monkeypatch: pytest.MonkeyPatch, verdict: str = "on") -> list[dict[s
     check was given."""
     checked: list[dict[str, Any]] = []
 
-    def wrap(fwd: Any) -> Any:
+    def wrap(fwd: Any, on: bool | None = None) -> Any:
         def wrapped(*a: Any, **k: Any) -> Any:
             return fwd(*a, **k)
-        wrapped.ddtree_state = {"on": True, "checked": False}  # type: ignore[attr-defined]
+        # the core's own default reads the environment (an empty variable is off there)
+        if on is None:
+            on = os.environ.get("SGLANG_DDTREE_TREE_ATTENTION", "1") not in ("0", "")
+        wrapped.ddtree_state = {"on": on, "checked": not on}  # type: ignore[attr-defined]
         return wrapped
 
     def self_check(fwd: Any, **shape: Any) -> str:
+        if not fwd.ddtree_state["on"]:
+            return "off"  # as the core's: no check runs
         checked.append(shape)
         if verdict == "raise":
             raise RuntimeError("no kernel")
@@ -355,6 +361,21 @@ def test_the_default_tree_kernel_is_checked_against_sglangs_real_kernel_then_ser
     assert "DDTREE target verify: tree kernel off (its start-up check failed: SGLang's extend " \
            f"kernel serves; {DEFAULT_ON})" in caplog.text
     assert kept.attn_backend.extend_attention_fwd.ddtree_state == {"on": False, "checked": True}
+
+
+def test_an_empty_switch_is_the_default_and_the_kernel_is_checked_and_serves(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``SGLANG_DDTREE_TREE_ATTENTION=`` (a unit's empty Environment= value) is the default, on:
+    the kernel is wrapped on, checked and serves; the core's own reading of the environment (an
+    empty value is off for the patch set) must not turn it off behind the log's back."""
+    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "")
+    checked = _kernel(monkeypatch)
+    runner = _runner(object())
+    with caplog.at_level(logging.INFO, logger=target_attention.__name__):
+        _prepare(runner, {"SGLANG_DDTREE_TREE_ATTENTION": ""})
+    assert len(checked) == 1
+    assert f"DDTREE target verify: tree kernel on ({DEFAULT_ON})" in caplog.text
+    assert runner.attn_backend.extend_attention_fwd.ddtree_state == {"on": True, "checked": True}
 
 
 @pytest.mark.parametrize(("verdict", "said"), [

@@ -206,11 +206,13 @@ def _served(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     return max_len
 
 
-def wrap(extend_fwd: Callable[..., Any]) -> Callable[..., Any]:
+def wrap(extend_fwd: Callable[..., Any], on: bool | None = None) -> Callable[..., Any]:
     """SGLang's ``extend_attention_fwd`` with verify blocks served by :func:`tree_verify_attention`
-    (checked against ``extend_fwd`` on the first one outside graph capture; see the module)."""
+    (checked against ``extend_fwd`` on the first one outside graph capture; see the module).
+    ``on``: the caller's switch (the plugin's settings decided it); None reads the environment."""
     # SGLANG_DDTREE_TREE_ATTENTION=0: SGLang's kernel throughout (an A/B switch, not a setting)
-    on = os.environ.get("SGLANG_DDTREE_TREE_ATTENTION", "1") not in ("0", "")
+    if on is None:
+        on = os.environ.get("SGLANG_DDTREE_TREE_ATTENTION", "1") not in ("0", "")
     state: dict[str, Any] = {"on": on, "checked": not on}
 
     def run_tree(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> None:

@@ -7,4 +7,4 @@ core (tree build, compile, walk, sampling, graphs) is the shared ``ddtree`` pack
 files the 0.5.11 patch set maps into SGLang. Which releases are served: ``releases``.
 """
 
-__version__ = "0.3.4"
+__version__ = "0.3.5"

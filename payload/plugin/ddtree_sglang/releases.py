@@ -44,6 +44,9 @@ PLUGIN_GPU_PROVEN: dict[str, str] = {
     "0.3.4": "session 8 call 4 (main 9356722): the correctness phase with every DDTREE server "
              "on the default (both on) but one, which ran both 0",
 }
+# 0.3.5 is not listed: it differs from 0.3.4 only where SGLANG_DDTREE_TREE_ATTENTION is set to
+# an empty value (0.3.4's settings read it as the default, on, while the shared kernel wrapper read
+# it as off and the log blamed a failed check; 0.3.5 wraps the kernel on), a case no GPU run had.
 
 
 def supported_list() -> str:
