@@ -146,9 +146,20 @@ def test_only_refusals_naming_dflash_alone_are_renamed(sglang_path: Path) -> Non
     for args, exc in cases:
         with pytest.raises(type(exc)) as got, ddtree_named(args):
             raise exc
-        said.append(str(got.value) if got.value is not exc else "same")
-    assert said == ["DDTREE needs X", "DDTREE needs X", "same", "same", "same", "same",
-                    "model lacks DDTREE layer capture"]
+        said.append(str(got.value))
+    assert said == ["DDTREE needs X", "DDTREE needs X", "DFLASH needs X",
+                    "DDTREE cannot; use --speculative-algorithm DFLASH", "no algorithm named",
+                    "'DFLASH'", "model lacks DDTREE layer capture"]
+    # renamed, the error is still the release's own: its cause and its attributes kept
+    cause = ValueError("invalid literal for int() with base 10: 'x8'")
+    with pytest.raises(ValueError) as got, ddtree_named(ddtree):
+        raise ValueError("Invalid DFLASH block_size='x8'") from cause
+    assert str(got.value) == "Invalid DDTREE block_size='x8'" and got.value.__cause__ is cause
+    model = object()
+    with pytest.raises(AttributeError) as missing, ddtree_named(ddtree):
+        raise AttributeError("DFLASH layer capture", name="set_dflash_layers", obj=model)
+    assert str(missing.value) == "DDTREE layer capture"
+    assert (missing.value.name, missing.value.obj) == ("set_dflash_layers", model)
 
 
 def test_ddtree_with_a_named_non_triton_backend_is_refused_with_the_flag(

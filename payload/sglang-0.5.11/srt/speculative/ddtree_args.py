@@ -66,9 +66,11 @@ def ddtree_named(args: Any) -> Iterator[None]:
         if getattr(args, "speculative_algorithm", None) != DDTREE or "DFLASH" not in text \
                 or DDTREE in text or type(exc) not in _RENAMED:
             raise
-        # the release's frames kept: the traceback still ends where the check raised
-        raise type(exc)(text.replace("DFLASH", DDTREE)).with_traceback(exc.__traceback__) \
-            from None
+        # the same exception, its text renamed: its traceback (ending where the check raised),
+        # its cause and its attributes (an AttributeError's name and obj) kept
+        exc.args = tuple(a.replace("DFLASH", DDTREE) if isinstance(a, str) else a
+                         for a in exc.args)
+        raise
 
 
 def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
