@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddtree_deploy.remote.facts_elf import open_regular
 from ddtree_deploy.remote.facts_memo import MEMO_PATH, Memo
 from ddtree_deploy.remote.facts_sglang import (
     WANTED_NAMES,
@@ -34,7 +35,6 @@ from ddtree_deploy.remote.facts_venv import (
     find_package_dir,
     find_site_packages,
     nvidia_layout,
-    open_regular,
     scan_distributions,
     scan_extensions,
     torch_info,

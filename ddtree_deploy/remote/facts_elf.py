@@ -7,6 +7,7 @@ Part of the probe bundle (remote/bundle.py): stdlib only, Python >= 3.8 syntax.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -18,6 +19,17 @@ ELF_MAX_STR = 4096  # one string (a long RPATH) read at most
 
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 14, 15, 29
 _PT_LOAD, _PT_DYNAMIC = 1, 2
+
+
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading if it is a regular file, without waiting on a FIFO (OSError
+    otherwise): the probe's one way to open a file it reads."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fh
 
 
 class ElfError(Exception):
@@ -106,11 +118,8 @@ def elf_dynamic_fh(fh: BinaryIO) -> dict[str, Any]:
 
 def elf_dynamic(path: str) -> dict[str, Any]:
     """elf_dynamic_fh of a path; ElfError (also for I/O errors) when it cannot be read."""
-    try:  # O_NONBLOCK and a regular file only: a FIFO named *.so would hold the probe
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ElfError("cannot read: not a regular file")
+    try:  # a regular file only: a FIFO named *.so would hold the probe
+        with open_regular(path) as fh:
             return elf_dynamic_fh(fh)
     except OSError as exc:
         raise ElfError(f"cannot read: {exc.strerror or exc}") from exc

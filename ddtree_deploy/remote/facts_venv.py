@@ -6,16 +6,14 @@ in facts_sglang. Part of the probe bundle (remote/bundle.py): stdlib only, Pytho
 
 from __future__ import annotations
 
-import errno
 import glob
 import os
 import re
-import stat
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any
 
-from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic
+from ddtree_deploy.remote.facts_elf import ElfError, elf_dynamic, open_regular
 from ddtree_deploy.remote.facts_memo import Memo
 from ddtree_deploy.remote.facts_parse import (
     canonical_name,
@@ -41,16 +39,6 @@ def read_text(path: str, limit: int = 4 << 20) -> str:
     planted as a METADATA or .pth would hold the probe until it is killed)."""
     with open_regular(path) as fh:
         return fh.read(limit).decode("utf-8", "replace")
-
-
-def open_regular(path: str) -> BinaryIO:
-    """`path` opened for reading if it is a regular file, without waiting on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    fh = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        fh.close()
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fh
 
 
 def venv_python_version(venv: str, site_packages: str | None) -> str | None:
