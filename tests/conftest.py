@@ -22,8 +22,10 @@ for _var, _sub in HOME_VARS.items():
 
 import importlib.machinery
 import shutil
+import socket
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -290,3 +292,29 @@ def openssh_control(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield runtime
     openssh.disconnect_all()
     shutil.rmtree(runtime, ignore_errors=True)
+
+
+@pytest.fixture()
+def mute_port() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A loopback port that accepts and never sends a byte; the connections it took."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    taken: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            taken.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], taken
+    finally:
+        server.close()
+        for conn in taken:
+            conn.close()

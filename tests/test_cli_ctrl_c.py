@@ -15,40 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from foreground import sigint_default
 from hang_guard import HANG_GUARD_S
-
-
-@pytest.fixture()
-def mute_port() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A loopback port that accepts and never sends a byte; the connections it took."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    taken: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            taken.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], taken
-    finally:
-        server.close()
-        for conn in taken:
-            conn.close()
 
 
 def _hosts(tmp_path: Path, port: int) -> Path:

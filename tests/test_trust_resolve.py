@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,33 +36,10 @@ def _cli(hosts: Path, *args: str) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.fixture()
-def mute_port() -> Iterator[int]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    taken: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                taken.append(server.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.close()
-        for conn in taken:
-            conn.close()
-
-
-@pytest.fixture()
-def hosts(tmp_path: Path, mute_port: int) -> Path:
+def hosts(tmp_path: Path, mute_port: tuple[int, list[socket.socket]]) -> Path:
     path = tmp_path / "hosts.yaml"
     path.write_text(f"version: 1\nhosts:\n  ws:\n    transport: local\n"
-                    f"  mute:\n    address: 127.0.0.1\n    port: {mute_port}\n"
+                    f"  mute:\n    address: 127.0.0.1\n    port: {mute_port[0]}\n"
                     f"    connect_timeout: 1\n    known_hosts: {tmp_path / 'known_hosts'}\n")
     return path
 
